@@ -1,0 +1,104 @@
+"""Behavior-policy correction weights w = pi_old / mu, as small pure functions.
+
+Every function takes the trainer's log-probs ``logp_trainer`` (pi_old), the sampler's log-probs
+``logp_sampler`` (mu) and the action ``mask``, all ``[B, T]``, and returns detached weights ``[B, T]``
+that are 0 off the mask. All arithmetic is in log space, so a product over a 1,000-token episode neither
+overflows nor underflows.
+
+``level`` picks which ratio the rule is applied to:
+- ``token``: each token's own ratio pi_old/mu;
+- ``sequence``: one ratio per episode, exp(sum_t log pi_old - log mu), broadcast to its tokens;
+- ``geometric``: one ratio per episode, exp(mean_t log pi_old - log mu) (the per-token geometric mean).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LEVELS = ("token", "sequence", "geometric")
+CORRECTIONS = ("none", "tis", "mis")
+
+
+def _check_level(level: str) -> None:
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}; got {level!r}")
+
+
+def level_log_ratio(logp_trainer, logp_sampler, mask, level: str = "token") -> torch.Tensor:
+    """Log of the ratio the rule acts on at `level`: [B, T] -> [B, T] (per-episode values broadcast), 0 off the mask."""
+    _check_level(level)
+    mask = mask.to(logp_trainer.dtype)
+    log_ratio = (logp_trainer - logp_sampler).detach() * mask  # [B, T]
+    if level == "token":
+        return log_ratio
+    total = log_ratio.sum(-1, keepdim=True)  # [B, 1]
+    if level == "geometric":
+        total = total / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return total.expand_as(log_ratio) * mask
+
+
+def tis_weights(logp_trainer, logp_sampler, mask, cap: float = 2.0, level: str = "token") -> torch.Tensor:
+    """Truncated IS weights min(pi_old/mu, cap) at `level`, detached: [B, T] -> [B, T], 0 off the mask."""
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0; got {cap}")
+    log_ratio = level_log_ratio(logp_trainer, logp_sampler, mask, level)
+    return log_ratio.clamp(max=math.log(cap)).exp() * mask
+
+
+def mis_weights(logp_trainer, logp_sampler, mask, low: float = 0.5, high: float = 5.0, level: str = "token") -> torch.Tensor:
+    """Masked IS weights (IcePop): pi_old/mu where it lies in [low, high] (inclusive), else 0: [B, T] -> [B, T]."""
+    if not 0 < low <= high:
+        raise ValueError(f"need 0 < low <= high; got low={low}, high={high}")
+    log_ratio = level_log_ratio(logp_trainer, logp_sampler, mask, level)
+    inside = (log_ratio >= math.log(low)) & (log_ratio <= math.log(high))
+    return torch.where(inside, log_ratio.clamp(max=math.log(high)).exp(), 0.0) * mask
+
+
+def veto_mask(logp_trainer, logp_sampler, mask, threshold: float) -> torch.Tensor:
+    """1 for episodes whose every token has pi_old/mu >= threshold, else 0 (catastrophic-token veto): [B, T] -> [B, 1]."""
+    log_ratio = (logp_trainer - logp_sampler).detach()
+    bad = (log_ratio < math.log(threshold)) & mask.bool()  # [B, T]
+    return (~bad.any(-1, keepdim=True)).to(logp_trainer.dtype)
+
+
+def behavior_weights(
+    logp_trainer,
+    logp_sampler,
+    mask,
+    correction: str = "none",
+    level: str = "token",
+    cap: float = 2.0,
+    low: float = 0.5,
+    high: float = 5.0,
+    veto: float | None = None,
+) -> torch.Tensor:
+    """The weight each action token's advantage is multiplied by: [B, T] -> [B, T], 0 off the mask.
+
+    ``none`` returns the action mask itself (the on-policy update); ``tis``/``mis`` the weights above. A
+    ``veto`` threshold additionally zeroes every episode holding a token with ratio below it.
+    """
+    if correction == "none":
+        weights = mask.to(logp_trainer.dtype)
+    elif correction == "tis":
+        weights = tis_weights(logp_trainer, logp_sampler, mask, cap, level)
+    elif correction == "mis":
+        weights = mis_weights(logp_trainer, logp_sampler, mask, low, high, level)
+    else:
+        raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}; got {correction!r}")
+    if veto is not None and veto > 0:
+        weights = weights * veto_mask(logp_trainer, logp_sampler, mask, veto)
+    return weights
+
+
+def offpolicy_stats(logp_trainer, logp_sampler, mask, weights, cap: float = 2.0) -> dict[str, float]:
+    """Raw-ratio statistics of a batch (before truncation or masking): mismatch, over_cap, masked share."""
+    m = mask.bool()
+    n = max(int(m.sum()), 1)
+    log_ratio = (logp_trainer - logp_sampler).detach()[m]  # [N]
+    return {
+        "mismatch": (log_ratio.abs().sum() / n).item(),
+        "over_cap": ((log_ratio > math.log(cap)).sum() / n).item(),
+        "masked": ((weights.detach()[m] == 0).sum() / n).item(),
+    }
