@@ -1,0 +1,81 @@
+"""Building a run from a Config, shared by train.py, the experiments and the tests."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+
+from lrl.config import Config, ConfigError
+
+
+@dataclass
+class Run:
+    """Everything a training run is made of."""
+
+    cfg: Config
+    tok: object
+    policy: torch.nn.Module
+    sampler: object
+    module: object
+    datamodule: object
+    trainer: L.Trainer
+
+
+def build_run(cfg: Config, callbacks: list | None = None, logger=True, **trainer_kw) -> Run:
+    """Config -> policy, sampler, module, datamodule and a CPU Lightning Trainer."""
+    from lrl.base import make_rl_base
+    from lrl.data import RolloutDataModule
+    from lrl.gym import build_tokenizer, make_tasks
+    from lrl.module import OffPolicyModule
+    from lrl.policy import ModelLoadError, load_policy
+    from samplers import make_sampler
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    tok = build_tokenizer(make_tasks("all"))
+    if cfg.model:
+        try:
+            policy, model_tok = load_policy(cfg.model, tok)
+        except ModelLoadError as err:
+            raise ConfigError(str(err)) from None
+        tok = model_tok or tok
+    else:
+        policy = make_rl_base(tok, verbose=True)
+    sampler = make_sampler(cfg, tok)
+    module = OffPolicyModule(cfg, policy, sampler, tok, make_tasks("heldout"))
+    datamodule = RolloutDataModule(sampler, make_tasks("train"), tok, cfg)
+    if logger is True:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        logger = TensorBoardLogger(cfg.log_dir, name=cfg.run_name, default_hp_metric=False)
+    kw = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        max_steps=-1,
+        log_every_n_steps=1,
+        val_check_interval=cfg.eval_every,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=cfg.progress,
+        logger=logger,
+        callbacks=callbacks or [],
+    )
+    kw.update(trainer_kw)
+    trainer = L.Trainer(**kw)
+    return Run(cfg, tok, policy, sampler, module, datamodule, trainer)
+
+
+def fit(run: Run) -> dict:
+    """Train, then report the held-out evaluation of the final policy."""
+    start = time.time()
+    run.trainer.fit(run.module, run.datamodule)
+    last = getattr(run.module, "last_eval", None)
+    if last is None or last["step"] != run.module.version:
+        run.trainer.validate(run.module, run.datamodule, verbose=False)
+        last = run.module.last_eval
+    return {**last, "wall_s": time.time() - start}

@@ -1,0 +1,180 @@
+"""The run configuration: one typed dataclass, the single source of defaults for the CLI, YAML and code.
+
+Every field is a ``--flag`` (underscores become dashes) and a YAML key. Values are validated once, before
+anything is built, and every problem raises :class:`ConfigError` naming the key, the value and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key or flag with a value that is not allowed."""
+
+
+def _f(default, help: str, choices: tuple | None = None):
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class Config:
+    # run
+    seed: int = _f(0, "seed of every random stream (sampling, shuffling, initialisation)")
+    max_steps: int = _f(40, "training steps; one step is one sampled batch and its updates")
+    log_dir: str = _f("runs", "TensorBoard log directory; each run gets its own version_N folder")
+    run_name: str = _f("lrl", "name of the run's folder under log_dir")
+    threads: int = _f(2, "torch CPU threads")
+    progress: bool = _f(True, "show Lightning's progress bar")
+    # policy
+    model: str | None = _f(None, "local save_pretrained directory of a causal LM; default: the TinyAgent RL base")
+    # batch
+    tasks_per_step: int = _f(8, "distinct train tasks per step")
+    episodes_per_task: int = _f(8, "episodes per task per step (the group for advantage normalisation)")
+    max_turns: int = _f(3, "turn limit of an episode")
+    temperature: float = _f(1.0, "sampling and training temperature")
+    # update
+    lr: float = _f(1e-3, "Adam learning rate")
+    minibatches: int = _f(4, "shuffled minibatch updates per sampled batch")
+    eps_low: float = _f(0.2, "lower clip of the ratio pi/pi_old (1 - eps_low)")
+    eps_high: float = _f(0.28, "upper clip of the ratio pi/pi_old (1 + eps_high)")
+    max_grad_norm: float = _f(1.0, "gradient-norm clip")
+    # behavior sampler
+    sampler: str = _f("onpolicy", "behavior sampler preset", ("onpolicy", "lagged", "fp8"))
+    lag: int = _f(0, "updates the behavior weights lag the trainer (lagged/fp8 samplers)")
+    fp8_scale: str = _f("none", "FP8 rounding: plain cast, or per-tensor absmax scaling (fp8 sampler)",
+                        ("none", "tensor"))  # fmt: skip
+    # correction
+    correction: str = _f("none", "behavior-policy correction in the decoupled loss", ("none", "tis", "mis"))
+    level: str = _f("token", "ratio the correction acts on", ("token", "sequence", "geometric"))
+    cap: float = _f(2.0, "TIS cap C: weights are min(pi_old/mu, C)")
+    low: float = _f(0.5, "MIS band lower edge")
+    high: float = _f(5.0, "MIS band upper edge")
+    veto: float = _f(0.0, "zero the episode if any token has pi_old/mu below this (0: off)")
+    # evaluation
+    eval_every: int = _f(10, "held-out evaluation every N steps (and at the end)")
+    eval_episodes: int = _f(16, "episodes per held-out task in an evaluation")
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> Config:
+        """Check every field's type and range; raise ConfigError on the first problem."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            _check_type(f.name, value, f.type)
+            choices = f.metadata.get("choices")
+            if choices and value not in choices:
+                raise ConfigError(f"{f.name}: {value!r} is not allowed; choose one of {', '.join(choices)}")
+        positive = ("max_steps", "threads", "tasks_per_step", "episodes_per_task", "max_turns", "minibatches",
+                    "eval_every", "eval_episodes", "lr", "temperature", "max_grad_norm", "cap", "low", "high")  # fmt: skip
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name}: {getattr(self, name)!r} is not allowed; it must be > 0")
+        for name in ("eps_low", "eps_high"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name}: {getattr(self, name)!r} is not allowed; it must be in [0, 1)")
+        if self.lag < 0:
+            raise ConfigError(f"lag: {self.lag} is not allowed; it must be >= 0")
+        if self.sampler == "onpolicy" and self.lag != 0:
+            raise ConfigError(f"lag: {self.lag} needs a stale sampler; use --sampler lagged (onpolicy is lag 0)")
+        if self.fp8_scale != "none" and self.sampler != "fp8":
+            raise ConfigError(f"fp8_scale: {self.fp8_scale!r} applies to the fp8 sampler only, not {self.sampler!r}")
+        if self.low > self.high:
+            raise ConfigError(f"low/high: the MIS band [{self.low}, {self.high}] is empty; need low <= high")
+        if self.veto < 0 or self.veto >= 1:
+            raise ConfigError(f"veto: {self.veto} is not allowed; it must be in [0, 1) (0 turns it off)")
+        if self.minibatches > self.tasks_per_step * self.episodes_per_task:
+            raise ConfigError(f"minibatches: {self.minibatches} is more than the {self.tasks_per_step * self.episodes_per_task} episodes of a step")
+        if self.model is not None and not Path(self.model).exists():
+            raise ConfigError(f"model: {self.model!r} does not exist; give a local save_pretrained directory")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_type(name: str, value, annotation: str) -> None:
+    kinds = {"int": int, "float": (int, float), "str": str, "bool": bool, "str | None": (str, type(None))}
+    expected = kinds[annotation]
+    ok = isinstance(value, expected) and not (annotation in ("int", "float") and isinstance(value, bool))
+    if ok and annotation == "float" and not math.isfinite(value):
+        ok = False
+    if not ok:
+        raise ConfigError(f"{name}: {value!r} is not allowed; it must be {annotation.replace('str | None', 'a path or null')}")
+
+
+def _field_types() -> dict[str, str]:
+    return {f.name: f.type for f in fields(Config)}
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file -> dict; unknown keys and non-mapping files are refused."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config: {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config: {path} is not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a mapping of keys to values, not {type(data).__name__}")
+    return data
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Dict of keys -> validated Config; an unknown key is an error that lists the known ones."""
+    known = _field_types()
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
+    if "float" in (known.get(k) for k in data):
+        data = {k: float(v) if known[k] == "float" and isinstance(v, int) and not isinstance(v, bool) else v
+                for k, v in data.items()}  # fmt: skip
+    return Config(**data)
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """argparse over every Config field; defaults are None so that only given flags override the YAML."""
+    parser = argparse.ArgumentParser(
+        prog="train.py",
+        description="Train TinyAgent (or a local transformers causal LM) with RL from a behavior sampler.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", help="YAML file of keys below; flags override it")
+    for f in fields(Config):
+        default = f.default if f.default is not MISSING else None
+        kind = {"int": int, "float": float, "bool": _parse_bool, "str": str, "str | None": str}[f.type]
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, help=f"{f.metadata['help']} (default: {default})",
+                            choices=f.metadata.get("choices"), metavar=f.name.upper())  # fmt: skip
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """Command line -> Config: defaults, then the --config YAML, then flags."""
+    parser = build_parser()
+    try:
+        args = vars(parser.parse_args(argv))
+    except SystemExit as exit_:
+        if exit_.code == 0:
+            raise
+        raise ConfigError("invalid command line; see the message above and --help") from None
+    data = load_yaml(args.pop("config")) if "config" in args else {}
+    data.update(args)
+    return from_dict(data)

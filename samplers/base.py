@@ -1,0 +1,126 @@
+"""The behavior sampler: (which weights) x (what is done to them) x (how tokens are decoded).
+
+A sampler keeps the last ``lag + 1`` versions of the policy's weights as CPU copies, samples with the
+oldest of them, optionally transformed (rounded to FP8), and tags every generated token with its
+log-prob under the distribution it was drawn from and with the version of the weights that drew it.
+The trainer calls :meth:`BehaviorSampler.sync` after each update; that call is the weight sync.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import torch
+
+from lrl.gym import Task, WordTokenizer
+from lrl.rollout import Episode, run_episodes, trainer_style_decoder
+
+Transform = Callable[[torch.nn.Module], None]
+
+
+def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of the model's weights (kept off the accelerator)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+class BehaviorSampler:
+    """Samples episodes with the policy `lag` versions old, optionally transformed."""
+
+    name = "custom"
+
+    def __init__(self, tok: WordTokenizer, lag: int = 0, transform: Transform | None = None,
+                 temperature: float = 1.0, max_turns: int = 3):  # fmt: skip
+        if lag < 0:
+            raise ValueError(f"lag must be >= 0; got {lag}")
+        self.tok, self.lag, self.transform = tok, lag, transform
+        self.temperature, self.max_turns = temperature, max_turns
+        self.versions: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
+        self.behavior: torch.nn.Module | None = None
+        self.policy: torch.nn.Module | None = None
+
+    # -- weight sync ---------------------------------------------------------------------------------
+    def setup(self, policy: torch.nn.Module, version: int = 0) -> None:
+        """Attach to the trainer's policy at `version` (before the first step)."""
+        self.policy = policy
+        self.behavior = copy.deepcopy(policy).to("cpu").eval()
+        self.versions.clear()
+        self.sync(policy, version)
+
+    def sync(self, policy: torch.nn.Module, version: int) -> None:
+        """Receive the trainer's weights after an update: keep them, load the oldest kept version."""
+        self.versions.append((version, cpu_state(policy)))
+        self.behavior.load_state_dict(self.versions[0][1])
+        if self.transform is not None:
+            self.transform(self.behavior)
+
+    @property
+    def behavior_version(self) -> int:
+        return self.versions[0][0]
+
+    @property
+    def kept_versions(self) -> list[int]:
+        return [v for v, _ in self.versions]
+
+    # -- sampling ------------------------------------------------------------------------------------
+    def decoder(self):
+        """The next-token decoder of the behavior model (trainer-style full forward)."""
+        return trainer_style_decoder(self.behavior, self.tok.pad_id, self.temperature)
+
+    def sample(self, tasks: Sequence[Task], generator: torch.Generator) -> list[Episode]:
+        """One episode per task, tagged with the behavior version and log-probs."""
+        return run_episodes(self.decoder(), tasks, self.tok, generator, self.behavior_version, self.max_turns)
+
+    # -- checkpointing -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"versions": list(self.versions)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.versions.clear()
+        self.versions.extend(state["versions"])
+        self.behavior.load_state_dict(self.versions[0][1])
+        if self.transform is not None:
+            self.transform(self.behavior)
+
+
+class OnPolicySampler(BehaviorSampler):
+    """Samples with the trainer's own module, so sampler and trainer log-probs agree exactly."""
+
+    name = "onpolicy"
+
+    def __init__(self, tok: WordTokenizer, temperature: float = 1.0, max_turns: int = 3):
+        super().__init__(tok, 0, None, temperature, max_turns)
+        self.version = 0
+
+    def setup(self, policy, version: int = 0) -> None:
+        self.policy, self.version = policy, version
+
+    def sync(self, policy, version: int) -> None:
+        self.policy, self.version = policy, version
+
+    @property
+    def behavior_version(self) -> int:
+        return self.version
+
+    @property
+    def kept_versions(self) -> list[int]:
+        return [self.version]
+
+    def decoder(self):
+        was_training = self.policy.training
+        self.policy.eval()
+        decode = trainer_style_decoder(self.policy, self.tok.pad_id, self.temperature)
+
+        def run(seqs):
+            out = decode(seqs)
+            self.policy.train(was_training)
+            return out
+
+        return run
+
+    def state_dict(self) -> dict:
+        return {"version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = state["version"]

@@ -1,0 +1,46 @@
+"""Train TinyAgent (or a local transformers causal LM) with RL from a behavior sampler.
+
+    python train.py                                   # on-policy, 40 steps, from the RL base
+    python train.py --sampler lagged --lag 4          # sample with weights 4 updates old
+    python train.py --config configs/fp8.yaml --lr 1e-3
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import warnings
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.time()
+    from lrl.config import ConfigError, parse_args
+
+    try:
+        cfg = parse_args(argv)
+    except ConfigError as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    warnings.filterwarnings("ignore", ".*val_check_interval.*")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    from lrl.cli import build_run, fit
+
+    try:
+        run = build_run(cfg)
+    except ConfigError as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
+    result = fit(run)
+    print(
+        f"held-out pass rate {result['pass_rate']:.3f} over {result['episodes']} episodes "
+        f"({cfg.eval_episodes} per task) | reads {result['reads']:.2f} | invalid {result['invalid']:.3f} | "
+        f"sampler {cfg.sampler} lag {cfg.lag} correction {cfg.correction} | {cfg.max_steps} steps | "
+        f"{time.time() - start:.1f} s | logs in {run.trainer.logger.log_dir if run.trainer.logger else '-'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
