@@ -41,7 +41,7 @@ class Config:
     max_turns: int = _f(3, "turn limit of an episode")
     temperature: float = _f(1.0, "sampling and training temperature")
     # update
-    lr: float = _f(1e-3, "Adam learning rate")
+    lr: float = _f(5e-4, "Adam learning rate")
     minibatches: int = _f(4, "shuffled minibatch updates per sampled batch")
     eps_low: float = _f(0.2, "lower clip of the ratio pi/pi_old (1 - eps_low)")
     eps_high: float = _f(0.28, "upper clip of the ratio pi/pi_old (1 + eps_high)")
