@@ -24,8 +24,11 @@ class Run:
     trainer: L.Trainer
 
 
-def build_run(cfg: Config, callbacks: list | None = None, logger=True, **trainer_kw) -> Run:
-    """Config -> policy, sampler, module, datamodule and a CPU Lightning Trainer."""
+def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=None, **trainer_kw) -> Run:
+    """Config -> policy, sampler, module, datamodule and a CPU Lightning Trainer.
+
+    ``policy`` overrides the model that ``cfg.model`` (or the RL base) would give, e.g. a small fresh one in tests.
+    """
     from lrl.base import make_rl_base
     from lrl.data import RolloutDataModule
     from lrl.gym import build_tokenizer, make_tasks
@@ -36,7 +39,9 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, **trainer
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     tok = build_tokenizer(make_tasks("all"))
-    if cfg.model:
+    if policy is not None:
+        pass
+    elif cfg.model:
         try:
             policy, model_tok = load_policy(cfg.model, tok)
         except ModelLoadError as err:
