@@ -62,7 +62,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
         max_epochs=1,
         max_steps=-1,
         log_every_n_steps=1,
-        val_check_interval=cfg.eval_every,
+        val_check_interval=min(cfg.eval_every, cfg.max_steps),
         num_sanity_val_steps=0,
         enable_checkpointing=False,
         enable_model_summary=False,

@@ -48,7 +48,10 @@ def load_policy(path: str | Path, tok: WordTokenizer | None = None, dtype=torch.
             f"--model {path}: model type {config.model_type!r} is not a causal LM "
             f"(AutoModelForCausalLM supports e.g. qwen3, llama, gpt2)"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"--model {path}: the weights cannot be loaded ({err})") from None
     if tok is None and (path / TOKENIZER_FILE).exists():
         tok = WordTokenizer.load(path)
     if tok is not None and model.config.vocab_size < len(tok):
