@@ -47,10 +47,15 @@ class Config:
     eps_high: float = _f(0.28, "upper clip of the ratio pi/pi_old (1 + eps_high)")
     max_grad_norm: float = _f(1.0, "gradient-norm clip")
     # behavior sampler
-    sampler: str = _f("onpolicy", "behavior sampler preset", ("onpolicy", "lagged", "fp8"))
+    sampler: str = _f("onpolicy", "behavior sampler preset", ("onpolicy", "lagged", "fp8", "engine"))
     lag: int = _f(0, "updates the behavior weights lag the trainer (lagged/fp8 samplers)")
     fp8_scale: str = _f("none", "FP8 rounding: plain cast, or per-tensor absmax scaling (fp8 sampler)",
                         ("none", "tensor"))  # fmt: skip
+    engine_dtype: str = _f("float32", "dtype of the engine sampler's weight copy (engine sampler)",
+                           ("float32", "bfloat16", "float16"))  # fmt: skip
+    engine_fp8: bool = _f(False, "round the engine's weights to FP8 at each sync, as --fp8-scale says (engine sampler)")
+    top_p: float = _f(1.0, "nucleus sampling: keep the most likely tokens up to this mass (engine sampler; 1: off)")
+    top_k: int = _f(0, "sample among the k most likely tokens (engine sampler; 0: off)")
     # correction
     correction: str = _f("none", "behavior-policy correction in the decoupled loss", ("none", "tis", "mis"))
     level: str = _f("token", "ratio the correction acts on", ("token", "sequence", "geometric"))
@@ -85,8 +90,15 @@ class Config:
             raise ConfigError(f"lag: {self.lag} is not allowed; it must be >= 0")
         if self.sampler == "onpolicy" and self.lag != 0:
             raise ConfigError(f"lag: {self.lag} needs a stale sampler; use --sampler lagged (onpolicy is lag 0)")
-        if self.fp8_scale != "none" and self.sampler != "fp8":
-            raise ConfigError(f"fp8_scale: {self.fp8_scale!r} applies to the fp8 sampler only, not {self.sampler!r}")
+        if self.fp8_scale != "none" and self.sampler != "fp8" and not self.engine_fp8:
+            raise ConfigError(f"fp8_scale: {self.fp8_scale!r} applies to the fp8 sampler only (or to --engine-fp8), not {self.sampler!r}")
+        for name, off in (("engine_dtype", "float32"), ("engine_fp8", False), ("top_p", 1.0), ("top_k", 0)):
+            if self.sampler != "engine" and getattr(self, name) != off:
+                raise ConfigError(f"{name}: {getattr(self, name)!r} applies to the engine sampler only, not {self.sampler!r}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p: {self.top_p!r} is not allowed; it must be in (0, 1]")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k: {self.top_k!r} is not allowed; it must be >= 0 (0 turns it off)")
         if self.low > self.high:
             raise ConfigError(f"low/high: the MIS band [{self.low}, {self.high}] is empty; need low <= high")
         if self.veto < 0 or self.veto >= 1:

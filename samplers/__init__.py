@@ -2,7 +2,8 @@
 
 The names are presets of three orthogonal choices (see samplers/base.py): ``onpolicy`` samples with the
 trainer's module itself; ``lagged`` with the weights ``cfg.lag`` updates old; ``fp8`` with weights rounded
-to float8 (optionally also ``cfg.lag`` old).
+to float8 (optionally also ``cfg.lag`` old); ``engine`` decodes engine-style (KV cache, its own dtype; see
+samplers/engine.py), composable with ``cfg.lag`` and FP8 (``cfg.engine_fp8``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from samplers.base import BehaviorSampler, OnPolicySampler, cpu_state
+from samplers.engine import EngineSampler
 from samplers.fp8 import fp8_transform, round_fp8
 
 SAMPLERS: dict[str, Callable] = {}
@@ -40,6 +42,12 @@ def _fp8(cfg, tok):
     return BehaviorSampler(tok, cfg.lag, fp8_transform(cfg.fp8_scale), cfg.temperature, cfg.max_turns)
 
 
+@register("engine")
+def _engine(cfg, tok):
+    transform = fp8_transform(cfg.fp8_scale) if cfg.engine_fp8 else None
+    return EngineSampler(tok, cfg.lag, transform, cfg.temperature, cfg.max_turns, cfg.engine_dtype, cfg.top_p, cfg.top_k)
+
+
 def make_sampler(cfg, tok):
     """The sampler named by cfg.sampler; an unknown name lists the registered ones."""
     if cfg.sampler not in SAMPLERS:
@@ -50,4 +58,4 @@ def make_sampler(cfg, tok):
 
 
 __all__ = ["BehaviorSampler", "OnPolicySampler", "SAMPLERS", "register", "make_sampler", "cpu_state",
-           "round_fp8", "fp8_transform"]  # fmt: skip
+           "round_fp8", "fp8_transform", "EngineSampler"]  # fmt: skip
