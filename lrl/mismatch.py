@@ -60,9 +60,9 @@ def trainer_log_probs(model, prompts, new_ids: torch.Tensor, pad_id: int, batch_
     device = next(model.parameters()).device
     n = new_ids.shape[1]
     seqs = [list(p) + row.tolist() for p, row in zip(prompts, new_ids)]
+    groups = [seqs[i : i + batch_size] for i in range(0, len(seqs), batch_size)]
     out = []
-    for start in range(0, len(seqs), batch_size):
-        chunk = seqs[start : start + batch_size]
+    for chunk in groups:
         ids, mask = pad_right(chunk, pad_id)  # [b, T]
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [b, T, V]
         for row, s in enumerate(chunk):
