@@ -38,6 +38,11 @@ def gym_prompts(tok, tasks) -> list[list[int]]:
     return [[tok.bos_id] + tok.encode(t.prompt) + read + tok.encode(t.source) for t in tasks]
 
 
+def ragged(prompts: list[list[int]], spread: int = 13) -> list[list[int]]:
+    """Cut prompt i short by i % spread tokens: unequal lengths, so batching needs left padding."""
+    return [p[: len(p) - i % spread] for i, p in enumerate(prompts)]
+
+
 def with_fp32_head(model: torch.nn.Module, source: torch.nn.Module) -> torch.nn.Module:
     """Give a low-precision `model` an fp32 LM head with `source`'s weights; its input is cast to fp32."""
     head = source.get_output_embeddings()
@@ -84,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequences per trainer forward; 0 means all prompts in one batch")  # fmt: skip
     p.add_argument("--engine-batch", type=int, nargs="*", default=None,
                    help="also rescore the engine's tokens in these decode batch sizes (bare flag: 1 10 30)")  # fmt: skip
+    p.add_argument("--ragged", action="store_true",
+                   help="cut the prompts to unequal lengths (the gym's are all equal), so batches are padded")  # fmt: skip
     p.add_argument("--fp32-head", action="store_true", help="LM head in fp32 on the low-precision models")
     p.add_argument(
         "--top-p", type=float, default=1.0, help="engine nucleus sampling (mu is the truncated one)"
@@ -123,6 +130,8 @@ def measure(model, tok, args) -> dict:
 
     dtype = engine_dtype(args.engine_dtype)
     prompts = gym_prompts(tok, make_tasks("all"))
+    if args.ragged:
+        prompts = ragged(prompts)
     n_prompts = len(prompts)
 
     def low(d):
@@ -165,6 +174,7 @@ def measure(model, tok, args) -> dict:
         "model": args.model or "TinyAgent RL base",
         "engine_dtype": SHORT[dtype],
         "fp32_head": args.fp32_head,
+        "ragged": args.ragged,
         "top_p": args.top_p,
         "top_k": args.top_k,
         "prompts": n_prompts,
@@ -185,7 +195,8 @@ def measure(model, tok, args) -> dict:
 def report(res: dict) -> str:
     """The comparison table, the probability-bin table and the ratio ranges, as text."""
     width = max(len(n) for n in res["comparisons"]) + 2
-    lines = [f"{res['model']} | engine {res['engine_dtype']} | fp32 head {res['fp32_head']} | top-p {res['top_p']}"
+    lines = [f"{res['model']} | engine {res['engine_dtype']} | fp32 head {res['fp32_head']} | ragged {res['ragged']}"
+             f" | top-p {res['top_p']}"
              f" | top-k {res['top_k']} | {res['prompts']} prompts x {res['new_tokens']} tokens = {res['tokens']}"]  # fmt: skip
     lines.append(
         f"{'comparison':<{width}}{'mean|d|':>10}{'median':>10}{'p99':>10}{'max':>10}{'max|seq sum|':>14}"

@@ -192,19 +192,26 @@ class KVBatch:
         return self.mask.sum(-1)
 
     @torch.no_grad()
-    def feed(self, chunks: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Append one chunk of token ids per row (left-padded among themselves) -> last-position logits [b, V]."""
+    def feed(self, chunks: Sequence[Sequence[int]] | torch.Tensor) -> torch.Tensor:
+        """Append one chunk of token ids per row (left-padded among themselves) -> last-position logits [b, V].
+
+        A decode step passes a tensor [b, 1] (or any [b, w] without padding) and skips the padding work.
+        """
         if len(chunks) != len(self):
             raise ValueError(f"feed got {len(chunks)} chunks for a batch of {len(self)} rows")
-        if min(len(c) for c in chunks) == 0:
-            raise ValueError("feed needs at least one new token per row")
-        width = max(len(c) for c in chunks)
-        ids = torch.full((len(chunks), width), self.pad_id, dtype=torch.long)
-        new_mask = torch.zeros((len(chunks), width), dtype=torch.long)
-        for row, chunk in enumerate(chunks):
-            ids[row, width - len(chunk) :] = torch.as_tensor(chunk)
-            new_mask[row, width - len(chunk) :] = 1
-        ids, new_mask = ids.to(self.device), new_mask.to(self.device)
+        if isinstance(chunks, torch.Tensor):
+            ids = chunks.to(self.device, torch.long)  # [b, w], no padding
+            new_mask = torch.ones_like(ids)
+        else:
+            if min(len(c) for c in chunks) == 0:
+                raise ValueError("feed needs at least one new token per row")
+            width = max(len(c) for c in chunks)
+            ids = torch.full((len(chunks), width), self.pad_id, dtype=torch.long)
+            new_mask = torch.zeros((len(chunks), width), dtype=torch.long)
+            for row, chunk in enumerate(chunks):
+                ids[row, width - len(chunk) :] = torch.as_tensor(chunk)
+                new_mask[row, width - len(chunk) :] = 1
+            ids, new_mask = ids.to(self.device), new_mask.to(self.device)
         position = self.lengths[:, None] + new_mask.cumsum(-1) - 1  # [b, width], positions skip the padding
         position = position.clamp(min=0)
         self.mask = torch.cat([self.mask, new_mask], dim=-1)  # [b, L + width]
@@ -258,7 +265,7 @@ def engine_generate(model, prompts: Sequence[Sequence[int]], new_tokens: int, ge
             step_ids.append(token)
             step_logp.append(lp)
             if step + 1 < new_tokens:
-                logits = batch.feed(token[:, None].tolist())  # one decode step
+                logits = batch.feed(token[:, None])  # one decode step
         ids.append(torch.stack(step_ids, 1).cpu())
         logps.append(torch.stack(step_logp, 1).cpu())
     return torch.cat(ids), torch.cat(logps)
@@ -283,7 +290,7 @@ def engine_score(model, prompts: Sequence[Sequence[int]], new_ids: torch.Tensor,
             logp = truncated_log_probs(logits, temperature, top_p, top_k)  # [b, V]
             rows.append(logp.gather(1, forced[:, step : step + 1].to(logp.device)).squeeze(1).cpu())
             if step + 1 < forced.shape[1]:
-                logits = batch.feed(forced[:, step : step + 1].tolist())
+                logits = batch.feed(forced[:, step : step + 1])
         out.append(torch.stack(rows, 1))
     return torch.cat(out)
 
@@ -331,7 +338,7 @@ def engine_rollout(
                 break
             batch.keep(going)
             generating = [generating[j] for j in going]
-            logits = batch.feed([[token[j]] for j in going])  # one decode step
+            logits = batch.feed(torch.tensor([[token[j]] for j in going]))  # one decode step
         for i in active:
             result = envs[i].step(actions[i])
             ep = episodes[i]
