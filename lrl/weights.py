@@ -18,6 +18,7 @@ import math
 import torch
 
 LEVELS = ("token", "sequence", "geometric")
+EDGE_TOL = 1e-6  # log-space slack at the MIS band edges: a ratio within 1e-6 (relative) of an edge is on it
 CORRECTIONS = ("none", "tis", "mis")
 
 
@@ -48,12 +49,15 @@ def tis_weights(logp_trainer, logp_sampler, mask, cap: float = 2.0, level: str =
 
 
 def mis_weights(logp_trainer, logp_sampler, mask, low: float = 0.5, high: float = 5.0, level: str = "token") -> torch.Tensor:
-    """Masked IS weights (IcePop): pi_old/mu where it lies in [low, high] (inclusive), else 0: [B, T] -> [B, T]."""
+    """Masked IS weights (IcePop): pi_old/mu where it lies in [low, high] (inclusive), else 0: [B, T] -> [B, T].
+
+    Log-probs are differences of rounded numbers, so "inclusive" allows EDGE_TOL of slack in log space.
+    """
     if not 0 < low <= high:
         raise ValueError(f"need 0 < low <= high; got low={low}, high={high}")
     log_ratio = level_log_ratio(logp_trainer, logp_sampler, mask, level)
-    inside = (log_ratio >= math.log(low)) & (log_ratio <= math.log(high))
-    return torch.where(inside, log_ratio.clamp(max=math.log(high)).exp(), 0.0) * mask
+    inside = (log_ratio >= math.log(low) - EDGE_TOL) & (log_ratio <= math.log(high) + EDGE_TOL)
+    return torch.where(inside, log_ratio.clamp(max=math.log(high) + EDGE_TOL).exp(), 0.0) * mask
 
 
 def veto_mask(logp_trainer, logp_sampler, mask, threshold: float) -> torch.Tensor:
