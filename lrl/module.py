@@ -111,6 +111,8 @@ class OffPolicyModule(L.LightningModule):
         stats = evaluate(self.policy, self.heldout_tasks, self.cfg.eval_episodes, seed=self.cfg.seed + 10_000,
                          tok=self.tok, temperature=self.cfg.temperature, max_turns=self.cfg.max_turns)  # fmt: skip
         self.last_eval = {"step": self.version, **stats}
-        self.log("val/pass_rate", stats["pass_rate"], prog_bar=True, batch_size=1)
-        self.log("val/reads", stats["reads"], batch_size=1)
-        self.log("val/invalid", stats["invalid"], batch_size=1)
+        metrics = {f"val/{k}": float(stats[k]) for k in ("pass_rate", "reads", "invalid")}
+        self.log("val/pass_rate", stats["pass_rate"], prog_bar=True, logger=False, batch_size=1)
+        if self.logger is not None and self.trainer.is_global_zero:
+            # stepped by the policy version, so the held-out point sits at the update count it measures
+            self.logger.log_metrics(metrics, step=self.version)

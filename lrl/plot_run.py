@@ -1,0 +1,69 @@
+"""Plot a run's TensorBoard curves to a PNG: reward, held-out pass rate, reads, invalid actions.
+
+    python -m lrl.plot_run runs/lrl/version_0 --out docs/img/train_curve.png
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+PANELS = (
+    ("reward and held-out pass rate", ("train/reward", "val/pass_rate"), (0, 1.05)),
+    ("reads per episode", ("train/reads", "val/reads"), None),
+    ("malformed actions (share of episodes)", ("train/invalid", "val/invalid"), (0, None)),
+    ("off-policy mismatch |log pi_old - log mu|", ("offpolicy/mismatch",), (0, None)),
+)
+
+
+def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalar series of a TensorBoard run directory -> {tag: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def plot_run(log_dir: str | Path, out: str | Path, title: str | None = None) -> Path:
+    """Write the four-panel figure of a run to `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scalars = read_scalars(log_dir)
+    if not scalars:
+        raise SystemExit(f"{log_dir}: no TensorBoard scalars found")
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
+    for ax, (name, tags, ylim) in zip(axes, PANELS):
+        for tag in tags:
+            if tag in scalars:
+                steps, values = zip(*scalars[tag])
+                ax.plot(steps, values, marker="o" if tag.startswith("val/") else None, ms=4, label=tag)
+        ax.set(title=name, xlabel="training step (policy version)")
+        if ylim:
+            ax.set_ylim(*ylim)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title or str(log_dir), fontsize=10)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log_dir", help="a run's folder, e.g. runs/lrl/version_0")
+    parser.add_argument("--out", default="train_curve.png", help="PNG to write")
+    parser.add_argument("--title", default=None)
+    args = parser.parse_args(argv)
+    print(plot_run(args.log_dir, args.out, args.title))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
