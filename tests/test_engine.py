@@ -261,3 +261,15 @@ def test_left_padding_does_not_change_a_sequence(gym_tok):
     with torch.no_grad():
         trainer = sequence_log_probs(model, ids, mask)[0, -forced.shape[1] :]
     assert (trainer - together[0]).abs().max().item() < 1e-5
+
+
+def test_trainer_runs_on_a_lagged_bf16_engine(gym_tok):
+    from lrl.cli import build_run, fit
+
+    cfg = Config(sampler="engine", engine_dtype="bfloat16", lag=1, correction="tis", max_steps=3, tasks_per_step=2,
+                 episodes_per_task=4, minibatches=2, eval_every=1000, eval_episodes=1, progress=False, threads=1)  # fmt: skip
+    run = build_run(cfg, logger=False, policy=reading_policy(gym_tok))
+    fit(run)
+    history = run.module.history
+    assert [h["offpolicy/staleness"] for h in history] == [0.0, 1.0, 1.0]  # measured from the version tags
+    assert all(0 < h["offpolicy/mismatch"] < 0.5 for h in history)  # bf16 engine vs fp32 trainer
