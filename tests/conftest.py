@@ -8,7 +8,7 @@ from lrl.gym import build_tokenizer, make_tasks
 
 warnings.filterwarnings("ignore", ".*dataloader_iter.*")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-torch.set_num_threads(2)
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
