@@ -56,6 +56,10 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
         from lightning.pytorch.loggers import TensorBoardLogger
 
         logger = TensorBoardLogger(cfg.log_dir, name=cfg.run_name, default_hp_metric=False)
+    if callbacks is None:  # the monitoring callbacks the config switches on
+        from callbacks import build_callbacks
+
+        callbacks = build_callbacks(cfg)
     kw = dict(
         accelerator="cpu",
         devices=1,

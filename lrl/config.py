@@ -66,6 +66,15 @@ class Config:
     # evaluation
     eval_every: int = _f(10, "held-out evaluation every N steps (and at the end)")
     eval_episodes: int = _f(16, "episodes per held-out task in an evaluation")
+    # monitoring
+    monitor_mismatch: bool = _f(True, "log mismatch/* (raw pi_old/mu statistics) and its histogram every step")
+    monitor_staleness: bool = _f(True, "log staleness/* (per token and episode, from the version tags) and histograms")
+    monitor_timing: bool = _f(True, "log time/step and each phase's share of it")
+    health_check: bool = _f(True, "check at the first step that the same-weights sampler agrees with the trainer")
+    health_threshold: float = _f(0.05, "health check: largest allowed step-0 mean |log pi_old - log mu| (nats)")
+    health_threshold_p99: float = _f(0.5, "health check: largest allowed step-0 p99 of |log pi_old - log mu| (nats)")
+    health_strict: bool = _f(False, "health check: stop the run instead of warning when a threshold is exceeded")
+    histogram_every: int = _f(1, "write the TensorBoard histograms every N steps (over the tokens of those steps)")
 
     def __post_init__(self):
         self.validate()
