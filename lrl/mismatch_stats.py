@@ -31,7 +31,7 @@ def quantile(values: torch.Tensor, q: float, max_sample: int = MAX_QUANTILE_SAMP
     if values.numel() == 0:
         return float("nan")
     if values.numel() > max_sample:
-        pick = torch.randperm(values.numel(), generator=torch.Generator().manual_seed(0))[:max_sample]
+        pick = torch.randint(values.numel(), (max_sample,), generator=torch.Generator().manual_seed(0))
         values = values[pick.to(values.device)]
     k = min(values.numel(), max(1, math.ceil(q * values.numel())))
     # a full sort, not kthvalue: CPU kthvalue degrades to quadratic time on sorted or reversed input
