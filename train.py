@@ -3,6 +3,8 @@
     python train.py                                   # on-policy, 40 steps, from the RL base
     python train.py --sampler lagged --lag 4          # sample with weights 4 updates old
     python train.py --config configs/fp8.yaml --lr 1e-3
+    python train.py --checkpoint-every 5 --resume last  # checkpoints; continues from the last one if any
+    python train.py --devices 2 --strategy ddp          # two processes (gloo on CPU), the batch split over them
 """
 
 from __future__ import annotations
@@ -24,15 +26,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*val_check_interval.*")
+    # the stream's state is in the checkpoint (RolloutDataModule.state_dict), so a mid-run resume is exact
+    warnings.filterwarnings("ignore", ".*resuming from a checkpoint that ended before the epoch ended.*")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     from lrl.cli import build_run, fit
+    from lrl.module import NumericalError
 
     try:
         run = build_run(cfg)
     except ConfigError as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
-    result = fit(run)
+    try:
+        result = fit(run)
+    except NumericalError as err:
+        print(f"train.py: stopped: {err}", file=sys.stderr)
+        return 3
+    if not run.trainer.is_global_zero:
+        return 0
     print(
         f"held-out pass rate {result['pass_rate']:.3f} over {result['episodes']} episodes "
         f"({cfg.eval_episodes} per task) | reads {result['reads']:.2f} | invalid {result['invalid']:.3f} | "

@@ -33,12 +33,23 @@ class Config:
     run_name: str = _f("lrl", "name of the run's folder under log_dir")
     threads: int = _f(2, "torch CPU threads")
     progress: bool = _f(True, "show Lightning's progress bar")
+    checkpoint_every: int = _f(0, "write <checkpoint_dir>/last.ckpt (atomically) every N steps; 0: no checkpoints")
+    checkpoint_dir: str | None = _f(None, "checkpoint folder; default: <log_dir>/<run_name>/checkpoints")
+    resume: str | None = _f(None, "continue from this checkpoint; 'last': <checkpoint_dir>/last.ckpt if it exists")
+    history_file: str | None = _f(None, "append every step's logged metrics to this JSONL file, flushed each step")
     # policy
     model: str | None = _f(None, "local save_pretrained directory of a causal LM; default: the TinyAgent RL base")
+    # processes
+    accelerator: str = _f("cpu", "Lightning accelerator", ("cpu", "gpu", "auto"))
+    devices: int = _f(1, "processes (CPU) or accelerators per node; the batch is split over all of them")
+    num_nodes: int = _f(1, "machines; the world size is devices x num_nodes")
+    strategy: str = _f("auto", "Lightning strategy; auto is ddp when the world size is above 1", ("auto", "ddp"))
     # batch
     tasks_per_step: int = _f(8, "distinct train tasks per step")
     episodes_per_task: int = _f(8, "episodes per task per step (the group for advantage normalisation)")
     max_turns: int = _f(3, "turn limit of an episode")
+    env_failure_rate: float = _f(0.0, "injected environment-worker failures: probability per turn (0: off)")
+    env_failure_hazard: float = _f(0.0, "injected failures: extra hazard per episode token, so long episodes fail more")
     temperature: float = _f(1.0, "sampling and training temperature")
     # update
     lr: float = _f(5e-4, "Adam learning rate")
@@ -114,19 +125,62 @@ class Config:
             raise ConfigError(f"veto: {self.veto} is not allowed; it must be in [0, 1) (0 turns it off)")
         if self.minibatches > self.tasks_per_step * self.episodes_per_task:
             raise ConfigError(f"minibatches: {self.minibatches} is more than the {self.tasks_per_step * self.episodes_per_task} episodes of a step")
-        if self.model is not None and not Path(self.model).exists():
+        if self.model is not None and not _exists(self.model):
             raise ConfigError(f"model: {self.model!r} does not exist; give a local save_pretrained directory")
+        self._validate_robustness()
         return self
+
+    def _validate_robustness(self) -> None:
+        """Ranges of the resume, failure-injection and process keys, and of the seed and thread count."""
+        if not 0 <= self.seed < 2**31:
+            raise ConfigError(f"seed: {self.seed!r} is not allowed; it must be in [0, 2**31)")
+        if self.threads > 1024:
+            raise ConfigError(f"threads: {self.threads!r} is not allowed; it must be in [1, 1024]")
+        if not 0.01 <= self.temperature <= 100:
+            raise ConfigError(f"temperature: {self.temperature!r} is not allowed; it must be in [0.01, 100]")
+        if not 0 <= self.env_failure_rate < 1:
+            raise ConfigError(f"env_failure_rate: {self.env_failure_rate!r} is not allowed; it must be in [0, 1)")
+        if self.env_failure_hazard < 0:
+            raise ConfigError(f"env_failure_hazard: {self.env_failure_hazard!r} is not allowed; it must be >= 0")
+        if (self.env_failure_rate or self.env_failure_hazard) and self.sampler == "engine":
+            raise ConfigError("env_failure_rate/env_failure_hazard: the engine sampler builds its own envs and "
+                              "cannot inject failures yet; use the onpolicy, lagged or fp8 sampler")  # fmt: skip
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every: {self.checkpoint_every!r} is not allowed; it must be >= 0 (0: off)")
+        for name in ("checkpoint_dir", "history_file", "resume"):
+            if getattr(self, name) == "":
+                raise ConfigError(f"{name}: an empty path is not allowed; give a path or leave it unset")
+        if self.resume is not None and self.resume != "last" and not _exists(self.resume):
+            raise ConfigError(f"resume: {self.resume!r} does not exist; give a checkpoint file or 'last'")
+        for name in ("devices", "num_nodes"):
+            if not 1 <= getattr(self, name) <= 4096:
+                raise ConfigError(f"{name}: {getattr(self, name)!r} is not allowed; it must be in [1, 4096]")
+        world = self.devices * self.num_nodes
+        if self.tasks_per_step % world:
+            raise ConfigError(f"tasks_per_step: {self.tasks_per_step} does not split over {world} processes "
+                              f"(devices x num_nodes); make it a multiple of {world}")  # fmt: skip
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _exists(path: str) -> bool:
+    """Path(path).exists(), False (not an exception) for names the OS cannot even look up."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):  # an embedded NUL byte, a name too long
+        return False
 
 
 def _check_type(name: str, value, annotation: str) -> None:
     kinds = {"int": int, "float": (int, float), "str": str, "bool": bool, "str | None": (str, type(None))}
     expected = kinds[annotation]
     ok = isinstance(value, expected) and not (annotation in ("int", "float") and isinstance(value, bool))
-    if ok and annotation == "float" and not math.isfinite(value):
+    if ok and annotation == "float" and not (abs(value) < 1e308 and math.isfinite(value)):
         ok = False
     if not ok:
         raise ConfigError(f"{name}: {value!r} is not allowed; it must be {annotation.replace('str | None', 'a path or null')}")
@@ -138,13 +192,15 @@ def _field_types() -> dict[str, str]:
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file -> dict; unknown keys and non-mapping files are refused."""
-    path = Path(path)
-    if not path.exists():
+    if not _exists(path):
         raise ConfigError(f"config: {str(path)!r} does not exist")
+    path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"config: {path} is not valid YAML ({err})") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config: {str(path)!r} cannot be read as a text file ({err})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path} must hold a mapping of keys to values, not {type(data).__name__}")
     return data
@@ -156,10 +212,17 @@ def from_dict(data: dict[str, Any]) -> Config:
     unknown = [k for k in data if k not in known]
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
-    if "float" in (known.get(k) for k in data):
-        data = {k: float(v) if known[k] == "float" and isinstance(v, int) and not isinstance(v, bool) else v
-                for k, v in data.items()}  # fmt: skip
-    return Config(**data)
+    return Config(**{k: _as_float(v) if known[k] == "float" else v for k, v in data.items()})
+
+
+def _as_float(value):
+    """An int, or a string such as YAML 1.1's `1e-3`, as a float for a float key; anything else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return value
+    try:
+        return float(value)
+    except (ValueError, OverflowError):
+        return value
 
 
 def _parse_bool(text: str) -> bool:

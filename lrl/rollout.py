@@ -33,6 +33,7 @@ class Episode:
     invalid: bool = False
     truncated: bool = False
     done: bool = False
+    env_failure: bool = False  # the worker failed: no score, no gradient (see collate)
 
     def __post_init__(self):
         n = len(self.ids)
@@ -105,6 +106,7 @@ def run_episodes(
             ep.reads += result.info["action"] == "read"
             ep.invalid |= result.info["invalid"]
             ep.truncated |= result.info["truncated"]
+            ep.env_failure |= bool(result.info.get("env_failure", False))
             ep.done = result.done
             ep.extend(result.observation, False)
         active = [i for i in active if not episodes[i].done]
@@ -112,9 +114,14 @@ def run_episodes(
 
 
 def collate(episodes: Sequence[Episode], pad_id: int) -> dict[str, torch.Tensor]:
-    """Episodes -> the batch contract (see DESIGN): ids, masks, sample_logp, version, reward, task_id, ..."""
+    """Episodes -> the batch contract (see DESIGN): ids, masks, sample_logp, version, reward, task_id, ...
+
+    An episode whose environment worker failed keeps its tokens and tags but gets an all-zero ``action_mask``
+    row (no gradient, no mismatch statistics) and ``env_failure`` 1; its ``reward`` is 0 and is not a score.
+    """
     ids, attention_mask = pad_right([e.ids for e in episodes], pad_id)  # [B, T]
     width = ids.shape[1]
+    failed = torch.tensor([e.env_failure for e in episodes], dtype=torch.float32)  # [B]
 
     def per_token(values, fill, dtype):
         out = torch.full((len(episodes), width), fill, dtype=dtype)
@@ -125,7 +132,7 @@ def collate(episodes: Sequence[Episode], pad_id: int) -> dict[str, torch.Tensor]
     return {
         "ids": ids,
         "attention_mask": attention_mask,
-        "action_mask": per_token([e.generated for e in episodes], False, torch.bool).float(),
+        "action_mask": per_token([e.generated for e in episodes], False, torch.bool).float() * (1 - failed)[:, None],
         "sample_logp": per_token([e.logp for e in episodes], 0.0, torch.float32),
         "version": per_token([e.version for e in episodes], -1, torch.long),
         "reward": torch.tensor([e.reward for e in episodes], dtype=torch.float32),
@@ -134,6 +141,7 @@ def collate(episodes: Sequence[Episode], pad_id: int) -> dict[str, torch.Tensor]
         "invalid": torch.tensor([e.invalid for e in episodes], dtype=torch.float32),
         "truncated": torch.tensor([e.truncated for e in episodes], dtype=torch.float32),
         "length": attention_mask.sum(-1).float(),
+        "env_failure": failed,
     }
 
 

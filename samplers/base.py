@@ -39,6 +39,8 @@ class BehaviorSampler:
         self.versions: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
         self.behavior: torch.nn.Module | None = None
         self.policy: torch.nn.Module | None = None
+        # set by the rollout stream: makes the gym's envs (e.g. with failure injection); None: plain BugFixEnv
+        self.env_factory: Callable[[], object] | None = None
 
     # -- weight sync ---------------------------------------------------------------------------------
     def setup(self, policy: torch.nn.Module, version: int = 0) -> None:
@@ -70,7 +72,8 @@ class BehaviorSampler:
 
     def sample(self, tasks: Sequence[Task], generator: torch.Generator) -> list[Episode]:
         """One episode per task, tagged with the behavior version and log-probs."""
-        return run_episodes(self.decoder(), tasks, self.tok, generator, self.behavior_version, self.max_turns)
+        return run_episodes(self.decoder(), tasks, self.tok, generator, self.behavior_version, self.max_turns,
+                            env_factory=self.env_factory)  # fmt: skip
 
     # -- checkpointing -------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -1,0 +1,171 @@
+"""Exact resume: atomic checkpoint files, the per-step history file, and the checks made before resuming.
+
+What a checkpoint holds (so that a run killed after step k and resumed gives the same curves, step for step):
+the policy and Adam state (Lightning), the loop counters (Lightning), the module's version counter, shuffle
+generator, skipped-batch count, history and the sampler's kept weight versions (``OffPolicyModule``
+``on_save_checkpoint``), every rank's rollout and env generators, batch count and carried tasks
+(``RolloutDataModule.state_dict``), and each rank's global torch / Python RNG states. It is written in the
+step's ``on_train_batch_end``, after the update and the weight sync.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from lrl.config import Config, ConfigError
+
+# keys that may differ between the run that wrote a checkpoint and the run that resumes it
+RESUMABLE_CHANGES = {"max_steps", "log_dir", "run_name", "threads", "progress", "checkpoint_every", "checkpoint_dir",
+                     "resume", "history_file", "eval_every", "eval_episodes", "accelerator", "monitor_mismatch",
+                     "monitor_staleness", "monitor_timing", "health_check", "health_threshold",
+                     "health_threshold_p99", "health_strict", "histogram_every"}  # fmt: skip
+
+
+def atomic_write(path: str | Path, write) -> None:
+    """Call `write(file)` on a temporary file next to `path`, fsync it, then rename it over `path`.
+
+    A reader (or a process killed half-way) sees either the old file or the complete new one, never a part.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch checkpoint IO, but a new file replaces the old one only once it is complete.
+
+    Lightning's own write goes through an fsspec transaction whose temporary file lives in the system temp
+    directory; where that is another filesystem the final move is a copy into the target path, and a kill
+    during that copy leaves a truncated checkpoint in place of the good one. Here the temporary file is in
+    the target's folder, fsynced, and renamed with ``os.replace``.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError("AtomicCheckpointIO takes no storage_options")
+        atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+
+class HistoryFile(L.Callback):
+    """Writes ``module.history`` as JSONL: one line per step, flushed as the step ends (rank 0 only).
+
+    At fit start the file is rewritten from the module's history, which is empty for a new run and, for a
+    resumed run, the history stored in the checkpoint: lines of steps the killed run took after its last
+    checkpoint are dropped, and the resumed run writes them again.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._file = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
+        lines = "".join(json.dumps(h) + "\n" for h in pl_module.history)
+        atomic_write(self.path, lambda f: f.write(lines.encode()))
+        self._file = open(self.path, "a")  # noqa: SIM115 (kept open for the run, closed at fit end)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._file is not None and pl_module.history:
+            self._file.write(json.dumps(pl_module.history[-1]) + "\n")
+            self._file.flush()
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self.teardown(trainer, pl_module, "fit")
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_history(path: str | Path) -> list[dict[str, float]]:
+    """The lines of a history file -> list of per-step dicts."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def checkpoint_dir(cfg: Config) -> Path:
+    return (
+        Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else Path(cfg.log_dir) / cfg.run_name / "checkpoints"
+    )
+
+
+def robustness_callbacks(cfg: Config) -> list:
+    """The checkpoint writer (every cfg.checkpoint_every steps) and the history file, as the config asks."""
+    out: list = []
+    if cfg.checkpoint_every > 0:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        # Lightning warns that with manual optimization the checkpoint holds the weights after the optimizer
+        # step: that is what exact resume needs (it is written after the step's update and weight sync)
+        warnings.filterwarnings("ignore", ".*ModelCheckpoint with manual optimization.*")
+        out.append(ModelCheckpoint(dirpath=checkpoint_dir(cfg), every_n_train_steps=cfg.checkpoint_every,
+                                   save_top_k=0, save_last=True, enable_version_counter=False))  # fmt: skip
+    if cfg.history_file:
+        out.append(HistoryFile(cfg.history_file))
+    return out
+
+
+def resume_path(cfg: Config) -> str | None:
+    """The checkpoint to resume from: cfg.resume, or for 'last' <checkpoint_dir>/last.ckpt if it exists."""
+    if cfg.resume is None:
+        return None
+    path = checkpoint_dir(cfg) / "last.ckpt" if cfg.resume == "last" else Path(cfg.resume)
+    return str(path) if path.is_file() else None
+
+
+def check_resume(path: str, cfg: Config) -> None:
+    """Refuse, before anything is trained, a checkpoint that is unreadable or was written by another setup."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a file that is not a checkpoint
+        raise ConfigError(
+            f"resume: {path!r} is not a readable checkpoint ({type(err).__name__}: {err})"
+        ) from None
+    saved = ckpt.get("lrl", {}).get("config") if isinstance(ckpt, dict) else None
+    if saved is None:
+        raise ConfigError(f"resume: {path!r} was not written by lrl's trainer (no 'lrl' state in it)")
+    now = cfg.to_dict()
+    changed = [
+        k
+        for k in sorted(set(saved) | set(now))
+        if k not in RESUMABLE_CHANGES and not _same(saved.get(k), now.get(k))
+    ]
+    if changed:
+        diffs = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed)
+        raise ConfigError(
+            f"resume: {path!r} was written with other settings ({diffs}); resume with the same ones"
+        )
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return a == b
