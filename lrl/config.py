@@ -31,7 +31,7 @@ class Config:
     max_steps: int = _f(40, "training steps; one step is one sampled batch and its updates")
     log_dir: str = _f("runs", "TensorBoard log directory; each run gets its own version_N folder")
     run_name: str = _f("lrl", "name of the run's folder under log_dir")
-    threads: int = _f(2, "torch CPU threads")
+    threads: int = _f(1, "torch CPU threads (1 is fastest for the tiny policy, and robust on a shared machine)")
     progress: bool = _f(True, "show Lightning's progress bar")
     checkpoint_every: int = _f(0, "write <checkpoint_dir>/last.ckpt (atomically) every N steps; 0: no checkpoints")
     checkpoint_dir: str | None = _f(None, "checkpoint folder; default: <log_dir>/<run_name>/checkpoints")
