@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", ".*resuming from a checkpoint that ended before the epoch ended.*")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     from lrl.cli import build_run, fit
+    from callbacks.health import HealthCheckError
     from lrl.module import NumericalError
 
     try:
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = fit(run)
-    except NumericalError as err:
+    except (NumericalError, HealthCheckError) as err:
         print(f"train.py: stopped: {err}", file=sys.stderr)
         return 3
     if not run.trainer.is_global_zero:

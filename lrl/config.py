@@ -142,9 +142,6 @@ class Config:
             raise ConfigError(f"env_failure_rate: {self.env_failure_rate!r} is not allowed; it must be in [0, 1)")
         if self.env_failure_hazard < 0:
             raise ConfigError(f"env_failure_hazard: {self.env_failure_hazard!r} is not allowed; it must be >= 0")
-        if (self.env_failure_rate or self.env_failure_hazard) and self.sampler == "engine":
-            raise ConfigError("env_failure_rate/env_failure_hazard: the engine sampler builds its own envs and "
-                              "cannot inject failures yet; use the onpolicy, lagged or fp8 sampler")  # fmt: skip
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every: {self.checkpoint_every!r} is not allowed; it must be >= 0 (0: off)")
         for name in ("checkpoint_dir", "history_file", "resume"):

@@ -39,6 +39,16 @@ class Episode:
         n = len(self.ids)
         self.generated, self.logp, self.version = [False] * n, [0.0] * n, [-1] * n
 
+    def record(self, result) -> None:
+        """Take in the env's StepResult for the last action: reward, flags, and the observation tokens."""
+        self.reward += result.reward
+        self.reads += result.info["action"] == "read"
+        self.invalid |= result.info["invalid"]
+        self.truncated |= result.info["truncated"]
+        self.env_failure |= bool(result.info.get("env_failure", False))
+        self.done = result.done
+        self.extend(result.observation, False)
+
     def extend(self, ids: Sequence[int], generated: bool, logp=None, version: int = -1) -> None:
         self.ids.extend(ids)
         self.generated.extend([generated] * len(ids))
@@ -100,15 +110,7 @@ def run_episodes(
             if not generating:
                 break
         for i in active:
-            result = envs[i].step(actions[i])
-            ep = episodes[i]
-            ep.reward += result.reward
-            ep.reads += result.info["action"] == "read"
-            ep.invalid |= result.info["invalid"]
-            ep.truncated |= result.info["truncated"]
-            ep.env_failure |= bool(result.info.get("env_failure", False))
-            ep.done = result.done
-            ep.extend(result.observation, False)
+            episodes[i].record(envs[i].step(actions[i]))
         active = [i for i in active if not episodes[i].done]
     return episodes
 

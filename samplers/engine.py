@@ -340,14 +340,7 @@ def engine_rollout(
             generating = [generating[j] for j in going]
             logits = batch.feed(torch.tensor([[token[j]] for j in going]))  # one decode step
         for i in active:
-            result = envs[i].step(actions[i])
-            ep = episodes[i]
-            ep.reward += result.reward
-            ep.reads += result.info["action"] == "read"
-            ep.invalid |= result.info["invalid"]
-            ep.truncated |= result.info["truncated"]
-            ep.done = result.done
-            ep.extend(result.observation, False)
+            episodes[i].record(envs[i].step(actions[i]))
         active = [i for i in active if not episodes[i].done]
         kept = {i: kept[i] for i in active if i in kept}
     return episodes
@@ -384,7 +377,7 @@ class EngineSampler(BehaviorSampler):
     def sample(self, tasks: Sequence[Task], generator: torch.Generator) -> list[Episode]:
         """One episode per task, decoded engine-style with the behavior copy."""
         return engine_rollout(self.behavior, tasks, self.tok, generator, self.behavior_version, self.max_turns,
-                              self.temperature, self.top_p, self.top_k, self.reuse_cache)  # fmt: skip
+                              self.temperature, self.top_p, self.top_k, self.reuse_cache, self.env_factory)  # fmt: skip
 
     def decoder(self):
         raise NotImplementedError(

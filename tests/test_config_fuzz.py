@@ -93,7 +93,6 @@ def test_new_keys_are_checked_with_key_value_and_rule(key, value, match):
         from_dict({key: value})
 
 
-def test_engine_sampler_refuses_failure_injection_and_yaml_floats_parse():
-    with pytest.raises(ConfigError, match="engine sampler builds its own envs"):
-        from_dict({"sampler": "engine", "env_failure_rate": 0.05})
+def test_engine_sampler_takes_failure_injection_and_yaml_floats_parse():
+    assert from_dict({"sampler": "engine", "env_failure_rate": 0.05}).env_failure_rate == 0.05
     assert from_dict({"lr": "1e-3"}).lr == 1e-3  # YAML 1.1 reads 1e-3 as a string

@@ -107,9 +107,11 @@ class Batches(L.Callback):
         self.rows.append((module.last_batch, module.history[-1]))
 
 
-def test_training_with_failures_logs_them_apart_at_the_injected_rate(format_policy):
+@pytest.mark.parametrize("sampler", ["onpolicy", "engine"])
+def test_training_with_failures_logs_them_apart_at_the_injected_rate(format_policy, sampler):
     rate, rec = 0.05, Batches()
-    cfg = quick_cfg(max_steps=6, tasks_per_step=8, episodes_per_task=8, minibatches=2, env_failure_rate=rate)
+    cfg = quick_cfg(max_steps=6, tasks_per_step=8, episodes_per_task=8, minibatches=2, env_failure_rate=rate,
+                    sampler=sampler)  # fmt: skip
     run = build_run(cfg, logger=False, policy=copy.deepcopy(format_policy), callbacks=[rec])
     fit(run)
     fails = turns = 0.0
