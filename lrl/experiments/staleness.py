@@ -1,8 +1,8 @@
 """The staleness experiment: train from the RL base with a behavior policy k updates old, with and without
 correction, and with an FP8-rounded sampler; mean and standard error over seeds.
 
-    python -m lrl.experiments.staleness                       # 9 rows x 5 seeds at lr 2e-3
-    python -m lrl.experiments.staleness --lr 2e-3 5e-4 --seeds 3
+    python -m lrl.experiments.staleness                       # 9 rows x 5 seeds at lr 5e-4
+    python -m lrl.experiments.staleness --lr 5e-4 2e-3 --seeds 3
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def plot(results: list[dict], lrs: list[float], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5, help="seeds per row (default 5)")
-    parser.add_argument("--lr", type=float, nargs="+", default=[2e-3], help="learning rates to sweep (default 2e-3)")
+    parser.add_argument("--lr", type=float, nargs="+", default=[5e-4], help="learning rates to sweep (default 5e-4, the package default)")
     parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
     parser.add_argument("--eval-episodes", type=int, default=16, help="held-out episodes per task (default 16)")
     parser.add_argument("--no-fp8", action="store_true", help="skip the two FP8 rows")
