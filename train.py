@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     # the stream's state is in the checkpoint (RolloutDataModule.state_dict), so a mid-run resume is exact
     warnings.filterwarnings("ignore", ".*resuming from a checkpoint that ended before the epoch ended.*")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    from lrl.cli import build_run, fit
     from callbacks.health import HealthCheckError
+    from lrl.cli import build_run, fit
     from lrl.module import NumericalError
 
     try:

@@ -21,15 +21,6 @@ from samplers.engine import (
 from samplers.fp8 import round_fp8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a shared machine spin against each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def gym_tok():
     return build_tokenizer(make_tasks("all"))

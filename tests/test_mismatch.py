@@ -12,14 +12,6 @@ from lrl.mismatch_stats import abs_diff_stats, cdf_points, probability_bins, qua
 from lrl.policy import make_policy, save_policy
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_quantile_is_a_nearest_rank_by_kthvalue():
     x = torch.arange(1, 101).float()[torch.randperm(100)]
     assert quantile(x, 0.5) == 50 and quantile(x, 0.99) == 99 and quantile(x, 1.0) == 100
