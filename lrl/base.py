@@ -45,6 +45,8 @@ class BaseConfig:
     """probability that a decision demonstration reads"""
     seed: int = 0
     """initialisation and demonstration-order seed"""
+    threads: int = 2
+    """torch threads used while training: float reduction order depends on it, so it is fixed here"""
 
 
 def _demo(
@@ -86,6 +88,15 @@ def demonstrations(n: int, tok: WordTokenizer, rng: random.Random, cfg: BaseConf
 
 def train_base(tok: WordTokenizer, cfg: BaseConfig = BaseConfig(), log_every: int = 0) -> torch.nn.Module:
     """Supervised warm start from scratch -> the RL base policy (deterministic for a given cfg)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _train_base(tok, cfg, log_every)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train_base(tok: WordTokenizer, cfg: BaseConfig, log_every: int) -> torch.nn.Module:
     model = make_policy(tok, seed=cfg.seed).train()
     rng = random.Random(DEMO_SEED + cfg.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
