@@ -99,7 +99,7 @@ def train_base(tok: WordTokenizer, cfg: BaseConfig = BaseConfig(), log_every: in
 def _train_base(tok: WordTokenizer, cfg: BaseConfig, log_every: int) -> torch.nn.Module:
     model = make_policy(tok, seed=cfg.seed).train()
     rng = random.Random(DEMO_SEED + cfg.seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    adam = torch.optim.Adam(model.parameters(), cfg.lr)
     start = time.time()
     rule_only = replace(cfg, read_then_answer=1.0)
     for step in range(cfg.rule_steps + cfg.steps):
@@ -110,9 +110,9 @@ def _train_base(tok: WordTokenizer, cfg: BaseConfig, log_every: int) -> torch.nn
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         weight = loss_mask[:, 1:].float()
         loss = (nll * weight).sum() / weight.sum()
-        optimizer.zero_grad()
+        adam.zero_grad()
         loss.backward()
-        optimizer.step()
+        adam.step()
         if log_every and step % log_every == 0:
             print(f"base step {step:4d} | loss {loss.item():.4f} | {time.time() - start:.1f} s", flush=True)
     return model.eval()

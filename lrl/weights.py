@@ -44,8 +44,8 @@ def tis_weights(logp_trainer, logp_sampler, mask, cap: float = 2.0, level: str =
     """Truncated IS weights min(pi_old/mu, cap) at `level`, detached: [B, T] -> [B, T], 0 off the mask."""
     if not cap > 0:
         raise ValueError(f"cap must be > 0; got {cap}")
-    log_ratio = level_log_ratio(logp_trainer, logp_sampler, mask, level)
-    return log_ratio.clamp(max=math.log(cap)).exp() * mask
+    capped = torch.clamp(level_log_ratio(logp_trainer, logp_sampler, mask, level), max=math.log(cap))
+    return capped.exp() * mask
 
 
 def mis_weights(logp_trainer, logp_sampler, mask, low: float = 0.5, high: float = 5.0, level: str = "token") -> torch.Tensor:
@@ -62,8 +62,7 @@ def mis_weights(logp_trainer, logp_sampler, mask, low: float = 0.5, high: float 
 
 def veto_mask(logp_trainer, logp_sampler, mask, threshold: float) -> torch.Tensor:
     """1 for episodes whose every token has pi_old/mu >= threshold, else 0 (catastrophic-token veto): [B, T] -> [B, 1]."""
-    log_ratio = (logp_trainer - logp_sampler).detach()
-    bad = (log_ratio < math.log(threshold)) & mask.bool()  # [B, T]
+    bad = (logp_trainer.detach() - logp_sampler.detach() < math.log(threshold)) & mask.bool()  # [B, T]
     return (~bad.any(-1, keepdim=True)).to(logp_trainer.dtype)
 
 
