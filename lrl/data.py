@@ -89,8 +89,6 @@ class RolloutStream(IterableDataset):
                 raise RuntimeError(f"sampler {getattr(self.sampler, 'name', '?')!r} does not build its envs with "
                                    "sampler.env_factory, so environment failures cannot be injected")  # fmt: skip
             envs = []
-        for ep, env in zip(episodes, envs):
-            ep.env_failure = ep.env_failure or env.failed
         batch = collate(episodes, self.tok.pad_id)
         valid = 1.0 - batch["env_failure"]  # [B]
         batch["advantage"] = group_advantages(batch["reward"], batch["task_id"], valid)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from lrl.losses import clipped_policy_loss
-from lrl.policy import selected_log_probs, sequence_log_probs
+from lrl.policy import sequence_log_probs
 from lrl.rollout import evaluate
 from lrl.weights import behavior_weights, offpolicy_stats
 
@@ -140,10 +140,10 @@ class OffPolicyModule(L.LightningModule):
         ids, attn, mask = batch["ids"][rows], batch["attention_mask"][rows], batch["action_mask"][rows]
         if len(rows):
             logits = self.policy(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [b, T-1, V]
-            logp = selected_log_probs(logits, ids[:, 1:], cfg.temperature)
+            logp_all = torch.log_softmax(logits.float() / cfg.temperature, -1)  # one softmax for loss and entropy
+            logp = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [b, T-1]
             loss, st = clipped_policy_loss(logp, old_logp[rows], token_adv[rows], mask, cfg.eps_low, cfg.eps_high)
             with torch.no_grad():
-                logp_all = torch.log_softmax(logits.float() / cfg.temperature, -1)
                 st["entropy"] = masked_mean(-(logp_all.exp() * logp_all).sum(-1), mask)
             bad = {"logp (log pi)": nonfinite(logp[mask.bool()]), "loss": nonfinite(loss)}
         else:  # this rank has no rows in the minibatch: a zero loss keeps the gradient all-reduce in step

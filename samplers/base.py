@@ -111,16 +111,16 @@ class OnPolicySampler(BehaviorSampler):
         return [self.version]
 
     def decoder(self):
+        return trainer_style_decoder(self.policy, self.tok.pad_id, self.temperature)
+
+    def sample(self, tasks: Sequence[Task], generator: torch.Generator) -> list[Episode]:
+        """Sample with the trainer's module in eval mode for the whole rollout, then restore its mode."""
         was_training = self.policy.training
         self.policy.eval()
-        decode = trainer_style_decoder(self.policy, self.tok.pad_id, self.temperature)
-
-        def run(seqs):
-            out = decode(seqs)
+        try:
+            return super().sample(tasks, generator)
+        finally:
             self.policy.train(was_training)
-            return out
-
-        return run
 
     def state_dict(self) -> dict:
         return {"version": self.version}
