@@ -1,10 +1,10 @@
 """Train TinyAgent (or a local transformers causal LM) with RL from a behavior sampler.
 
-    python train.py                                   # on-policy, 40 steps, from the RL base
-    python train.py --sampler lagged --lag 4          # sample with weights 4 updates old
-    python train.py --config configs/fp8.yaml --lr 1e-3
-    python train.py --checkpoint-every 5 --resume last  # checkpoints; continues from the last one if any
-    python train.py --devices 2 --strategy ddp          # two processes (gloo on CPU), the batch split over them
+python train.py                                   # on-policy, 40 steps, from the RL base
+python train.py --sampler lagged --lag 4          # sample with weights 4 updates old
+python train.py --config configs/fp8.yaml --lr 1e-3
+python train.py --checkpoint-every 5 --resume last  # checkpoints; continues from the last one if any
+python train.py --devices 2 --strategy ddp          # two processes (gloo on CPU), the batch split over them
 """
 
 from __future__ import annotations
@@ -12,26 +12,23 @@ from __future__ import annotations
 import logging
 import sys
 import time
-import warnings
 
 
 def main(argv: list[str] | None = None) -> int:
     start = time.time()
-    from lrl.config import ConfigError, parse_args
+    from lrl.arguments import parse_args
+    from lrl.config import ConfigError
 
     try:
         cfg = parse_args(argv)
     except ConfigError as err:
         print(f"train.py: error: {err}", file=sys.stderr)
         return 2
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    warnings.filterwarnings("ignore", ".*val_check_interval.*")
-    # the stream's state is in the checkpoint (RolloutDataModule.state_dict), so a mid-run resume is exact
-    warnings.filterwarnings("ignore", ".*resuming from a checkpoint that ended before the epoch ended.*")
+    # Lightning's info lines (accelerators found, tips) are not what a user of train.py needs
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     from callbacks.health import HealthCheckError
-    from lrl.cli import build_run, fit
-    from lrl.module import NumericalError
+    from lrl.run import build_run, fit
+    from lrl.update import NumericalError
 
     try:
         run = build_run(cfg)

@@ -59,11 +59,20 @@ def timed_hooks(callback: L.Callback, spent: list[float]) -> L.Callback:
 
 def one_arm(monitoring: bool, steps: int, log_dir: str) -> tuple[list[tuple[float, float]], float]:
     from callbacks import build_callbacks
-    from lrl.cli import build_run
     from lrl.config import Config
+    from lrl.run import build_run
 
-    cfg = Config(sampler="lagged", lag=4, max_steps=steps + 1, eval_every=steps + 1, eval_episodes=1, threads=1,
-                 progress=False, log_dir=log_dir, run_name="on" if monitoring else "off")  # fmt: skip
+    cfg = Config(
+        sampler="lagged",
+        lag=4,
+        max_steps=steps + 1,
+        eval_every=steps + 1,
+        eval_episodes=1,
+        threads=1,
+        progress=False,
+        log_dir=log_dir,
+        run_name="on" if monitoring else "off",
+    )
     clock, spent = StepClock(), [0.0]
     monitors = [timed_hooks(c, spent) for c in build_callbacks(cfg)] if monitoring else []
     run = build_run(cfg, callbacks=monitors + [clock])
@@ -90,13 +99,17 @@ def main() -> None:
                 sink.extend(times)
                 hooks += [hook_s] if monitoring else []
                 wall, cpu = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
-                print(f"round {r} {'all callbacks' if monitoring else 'no callbacks':<13} | median step: "
-                      f"wall {wall * 1e3:7.1f} ms, cpu {cpu * 1e3:7.1f} ms")  # fmt: skip
+                print(
+                    f"round {r} {'all callbacks' if monitoring else 'no callbacks':<13} | median step: "
+                    f"wall {wall * 1e3:7.1f} ms, cpu {cpu * 1e3:7.1f} ms"
+                )
     for i, clock in enumerate(("wall", "cpu")):
         a, b = [t[i] for t in off], [t[i] for t in on]
         paired = statistics.median(y / x for x, y in zip(a, b))  # same step, same batch, both arms
-        print(f"{clock:>4}: total step-time ratio (all / none) {sum(b) / sum(a):.3f} | median paired-step ratio "
-              f"{paired:.3f} | {len(a)} steps per arm")  # fmt: skip
+        print(
+            f"{clock:>4}: total step-time ratio (all / none) {sum(b) / sum(a):.3f} | median paired-step ratio "
+            f"{paired:.3f} | {len(a)} steps per arm"
+        )
     hook = statistics.mean(hooks)
     print(
         f"time inside the callbacks' hooks: {hook * 1e3:.1f} ms per step = "

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from lrl.gym import build_tokenizer, make_tasks
+from lrl.envs.tinyagent import build_tokenizer, make_tasks
 from lrl.mismatch import gym_prompts, ragged
 from lrl.policy import make_policy
 from lrl.rollout import trainer_style_decoder
@@ -53,10 +53,21 @@ def hf_generate(model, prompts, new_tokens, pad_id):
         torch.arange(ids.shape[1]) >= ids.shape[1] - torch.tensor([len(p) for p in prompts])[:, None]
     ).long()
     config = copy.deepcopy(model.generation_config)
-    config.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=pad_id,
-                  max_new_tokens=new_tokens, min_new_tokens=0, return_dict_in_generate=True, output_scores=True)  # fmt: skip
-    out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                         cache=DynamicCache(config=model.config))  # fmt: skip
+    config.update(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=None,
+        pad_token_id=pad_id,
+        max_new_tokens=new_tokens,
+        min_new_tokens=0,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, generation_config=config, cache=DynamicCache(config=model.config)
+    )
     return out.sequences[:, ids.shape[1] :]
 
 
@@ -96,18 +107,26 @@ def main(argv=None) -> None:
     prompts = ragged(prompts)  # unequal lengths: real left padding
     n = args.new_tokens
     params = sum(p.numel() for p in model.parameters())
-    print(f"{args.prompts} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens) x {n} new tokens | "
-          f"{params / 1e3:.0f}k parameters | {args.threads} thread(s) | best of {args.repeats} rounds")  # fmt: skip
+    print(
+        f"{args.prompts} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens) x {n} new tokens | "
+        f"{params / 1e3:.0f}k parameters | {args.threads} thread(s) | best of {args.repeats} rounds"
+    )
     with torch.no_grad():
         engine_generate(model, prompts[:4], 4, torch.Generator().manual_seed(0), tok.pad_id)  # warm-up
         hf_generate(model, prompts[:4], 4, tok.pad_id)
         methods = {
-            "engine (KV cache)": (lambda: engine_generate(model, prompts, n, torch.Generator().manual_seed(0),
-                                                          tok.pad_id)[0], None),
+            "engine (KV cache)": (
+                lambda: engine_generate(model, prompts, n, torch.Generator().manual_seed(0), tok.pad_id)[0],
+                None,
+            ),
             "model.generate": (lambda: hf_generate(model, prompts, n, tok.pad_id), None),
-            "recompute every step": (lambda: recompute_generate(model, prompts, n, torch.Generator().manual_seed(0),
-                                                                tok.pad_id)[0], 1),  # slow: one round
-        }  # fmt: skip
+            "recompute every step": (
+                lambda: recompute_generate(model, prompts, n, torch.Generator().manual_seed(0), tok.pad_id)[
+                    0
+                ],
+                1,
+            ),  # slow: one round
+        }
         seconds, results = interleaved(methods, args.repeats)
     assert all(r.shape == (len(prompts), n) for r in results.values())
     t_engine, t_generate, t_recompute = (seconds[k] for k in methods)

@@ -16,7 +16,7 @@ import tracemalloc
 
 import torch
 
-from lrl.simulate import agent_episode_durations, simulate_pipeline
+from lrl.sim import agent_episode_durations, simulate_pipeline
 
 
 def draw_pool(n: int, seed: int, chunk: int = 65_536) -> torch.Tensor:

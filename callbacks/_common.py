@@ -1,4 +1,4 @@
-"""Small helpers shared by the monitoring callbacks: reading the module contract, the TensorBoard writer."""
+"""Small helpers shared by the monitoring callbacks: the module's published step, logging, TensorBoard."""
 
 from __future__ import annotations
 
@@ -6,26 +6,17 @@ import numpy as np
 import torch
 
 
-def last_step(pl_module, who: str) -> tuple[dict, torch.Tensor | None] | None:
-    """The module's last trained batch and pi_old log-probs, or None before the first step.
+def published(pl_module, who: str):
+    """The module's last published step (``lrl.module.StepRecord``), or None before the first step.
 
-    Raises a clear error when the module does not publish ``last_batch`` at all (the callbacks' contract).
+    Raises a clear error when the module does not publish ``last_step`` at all (the callbacks' contract).
     """
-    if not hasattr(pl_module, "last_batch"):
+    if not hasattr(pl_module, "last_step"):
         raise AttributeError(
-            f"{who} reads pl_module.last_batch (and last_old_logp, last_step_version) after each training step; "
-            f"{type(pl_module).__name__} does not set it. See callbacks/__init__.py for the contract."
+            f"{who} reads pl_module.last_step (an lrl.module.StepRecord) after each training step; "
+            f"{type(pl_module).__name__} does not publish one. See docs/monitoring.md for the contract."
         )
-    batch = pl_module.last_batch
-    if batch is None:
-        return None
-    return batch, getattr(pl_module, "last_old_logp", None)
-
-
-def step_version(pl_module, batch: dict) -> int:
-    """The trainer's policy version when the last batch was trained (``last_step_version``, else ``version``)."""
-    v = getattr(pl_module, "last_step_version", None)
-    return int(v) if v is not None else int(getattr(pl_module, "version", 0))
+    return pl_module.last_step
 
 
 def log_step(trainer) -> int:
@@ -49,8 +40,8 @@ def log_scalars(trainer, pl_module, metrics: dict[str, float], headline: tuple[s
     EarlyStopping or ModelCheckpoint can monitor them; ``logger=False`` avoids writing them twice).
     """
     if headline:
-        pl_module.log_dict({k: metrics[k] for k in headline if k in metrics}, on_step=True, on_epoch=False,
-                           logger=False, batch_size=1)  # fmt: skip
+        picked = {k: metrics[k] for k in headline if k in metrics}
+        pl_module.log_dict(picked, on_step=True, on_epoch=False, logger=False, batch_size=1)
     if not trainer.loggers or not should_log(trainer):
         return
     step = log_step(trainer)
@@ -72,3 +63,21 @@ def integer_bins(values: torch.Tensor) -> np.ndarray:
     """Histogram bin edges centred on the integers from min to max of `values` (for staleness)."""
     lo, hi = (int(values.min()), int(values.max())) if values.numel() else (0, 0)
     return np.arange(lo - 0.5, hi + 1.5, 1.0)
+
+
+class RunningMean:
+    """A weighted mean over the fit that survives a resume (its two numbers go into the checkpoint)."""
+
+    def __init__(self):
+        self.total, self.weight = 0.0, 0.0
+
+    def update(self, value: float, weight: float) -> float:
+        self.total += value * weight
+        self.weight += weight
+        return self.total / self.weight if self.weight else float("nan")
+
+    def state_dict(self) -> dict:
+        return {"total": self.total, "weight": self.weight}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total, self.weight = state["total"], state["weight"]

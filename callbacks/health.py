@@ -5,8 +5,8 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 
-from callbacks._common import last_step, log_step, step_version
-from lrl.mismatch_stats import abs_diff_stats
+from callbacks._common import log_step, published
+from lrl.stats import abs_diff_stats
 
 
 class HealthCheckError(RuntimeError):
@@ -46,16 +46,18 @@ class HealthCheck(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.done:
             return
-        got = last_step(pl_module, "HealthCheck")
-        if got is None:
+        record = published(pl_module, "HealthCheck")
+        if record is None:
             return
         self.done = True
-        batch, old_logp = got
-        mask, now = batch["action_mask"].bool(), step_version(pl_module, batch)
+        batch, old_logp = record.batch, record.old_logp
+        mask, now = batch["action_mask"].bool(), record.version
         versions = batch["version"][mask]
         if versions.numel() == 0 or bool((versions != now).any()):
-            rank_zero_warn(f"HealthCheck skipped: the first trained batch was not sampled with the trainer's "
-                           f"current weights (version {now}; batch versions {sorted(set(versions.tolist()))[:5]})")  # fmt: skip
+            rank_zero_warn(
+                f"HealthCheck skipped: the first trained batch was not sampled with the trainer's "
+                f"current weights (version {now}; batch versions {sorted(set(versions.tolist()))[:5]})"
+            )
             return
         summary = abs_diff_stats(old_logp.float() - batch["sample_logp"].float(), mask)
         values = [summary["mean"], summary["p99"], summary["max"]]
@@ -63,8 +65,10 @@ class HealthCheck(L.Callback):
         self.measured = dict(zip(("abs_mean", "abs_p99", "abs_max"), values), tokens=tokens, version=now)
         # straight to the loggers: self.log would repeat a once-only value at every later step
         for logger in trainer.loggers:
-            logger.log_metrics({f"mismatch/step0_{k}": v for k, v in zip(("abs_mean", "abs_p99", "abs_max"), values)},
-                               step=log_step(trainer))  # fmt: skip
+            logger.log_metrics(
+                {f"mismatch/step0_{k}": v for k, v in zip(("abs_mean", "abs_p99", "abs_max"), values)},
+                step=log_step(trainer),
+            )
         mean, p99, worst = values
         if mean <= self.threshold and p99 <= self.threshold_p99:
             return

@@ -1,28 +1,29 @@
-"""StalenessMonitor: how many updates old the trained data are, per token and per episode."""
+"""StalenessMonitor: how many updates old the trained data are, per episode, over the fit, as histograms."""
 
 from __future__ import annotations
 
 import lightning as L
 import torch
-from torchmetrics import CatMetric, MeanMetric
 
-from callbacks._common import integer_bins, last_step, log_scalars, log_step, step_version, tensorboard
-from callbacks.stats import episode_staleness, token_staleness
+from callbacks._common import RunningMean, integer_bins, log_scalars, log_step, published, tensorboard
+from lrl.distributed import Ranks
+from lrl.stats import episode_staleness, token_staleness
 
 
 class StalenessMonitor(L.Callback):
     """Logs ``staleness/*`` scalars and ``staleness/token`` and ``staleness/episode`` histograms per trained batch.
 
     Staleness is measured from the version tags of the batch, never from the config: a token's staleness is
-    the trainer's version at the start of the step (``pl_module.last_step_version``) minus the version that
-    generated it; an episode's is that of its oldest action token. Scalars: ``token_mean`` (token-weighted),
-    ``token_max``, ``episode_mean``, ``episode_max``, ``token_mean_run`` (since the start of the fit), and the
-    mean length of trained episodes against sampled ones, ``length_trained`` and ``length_sampled``.
+    the trainer's version at the start of the step (``StepRecord.version``) minus the version that generated
+    it; an episode's is that of its oldest action token. The trainer logs ``token_mean`` and ``token_max``;
+    this callback adds ``episode_mean``, ``episode_max``, ``token_mean_run`` (since the start of the fit, kept
+    across a resume), and the mean length of trained episodes against sampled ones, ``length_trained`` and
+    ``length_sampled``, over every rank.
 
-    Trained episodes are those with at least one action token of non-zero correction weight
-    (``pl_module.last_weights``; every episode when it is absent). Sampled ones are the whole batch, unless the
-    batch carries ``sampled_length`` (the lengths [M] of every episode launched for it, for a stream that
-    drops or filters episodes): a gap between the two is the length bias of filtering.
+    Trained episodes are those with at least one action token of non-zero correction weight. Sampled ones are
+    the whole batch, unless the batch carries ``sampled_length`` (the lengths [M] of every episode launched
+    for it, for a stream that drops or filters episodes): a gap between the two is the length bias of
+    filtering.
 
     Args:
         histogram_every: write the histograms every N batches, over all episodes of those N batches.
@@ -33,56 +34,53 @@ class StalenessMonitor(L.Callback):
         if histogram_every < 1:
             raise ValueError(f"histogram_every must be >= 1; got {histogram_every}")
         self.histogram_every = histogram_every
-        self.run_mean = MeanMetric()
-        self.tokens = CatMetric(nan_strategy="disable")
-        self.episodes = CatMetric(nan_strategy="disable")
+        self.run_mean = RunningMean()
+        self.tokens: list[torch.Tensor] = []
+        self.episodes: list[torch.Tensor] = []
         self.batches = 0
         self.last: dict[str, float] = {}
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        for metric in (self.run_mean, self.tokens, self.episodes):
-            metric.reset()
-        self.batches = 0
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        got = last_step(pl_module, "StalenessMonitor")
-        if got is None:
+        record = published(pl_module, "StalenessMonitor")
+        if record is None:
             return
-        batch, _ = got
-        mask, version = batch["action_mask"], batch["version"]
-        now = step_version(pl_module, batch)
-        tok = token_staleness(version, mask, now).float()  # [N]
-        ep = episode_staleness(version, mask, now).float()  # [B']
-        weights = getattr(pl_module, "last_weights", None)
-        on = mask.bool() if weights is None else (weights.detach() != 0) & mask.bool()
-        trained = on.any(-1)  # [B]
-        length = batch["length"].float()
-        sampled = batch.get("sampled_length", length).float()
-        nan = tok.new_tensor(float("nan"))
-        stats = {
-            "token_mean": tok.mean() if tok.numel() else nan,
-            "token_max": tok.max() if tok.numel() else nan,
-            "episode_mean": ep.mean() if ep.numel() else nan,
-            "episode_max": ep.max() if ep.numel() else nan,
-            "length_trained": length[trained].mean() if trained.any() else nan,
-            "length_sampled": sampled.mean(),
+        ranks, b = Ranks.of(pl_module), record.batch
+        mask, version = b["action_mask"], b["version"]
+        tok = ranks.gather(token_staleness(version, mask, record.version).float())  # [N]
+        ep = ranks.gather(episode_staleness(version, mask, record.version).float())  # [B']
+        trained = ((record.weights.detach() != 0) & mask.bool()).any(-1)  # [B]
+        length = b["length"].float()
+        length_trained = ranks.gather(length[trained])
+        sampled = ranks.gather(b.get("sampled_length", length).float())
+        nan = float("nan")
+        self.last = {
+            "staleness/episode_mean": ep.mean().item() if ep.numel() else nan,
+            "staleness/episode_max": ep.max().item() if ep.numel() else nan,
+            "staleness/length_trained": length_trained.mean().item() if length_trained.numel() else nan,
+            "staleness/length_sampled": sampled.mean().item() if sampled.numel() else nan,
         }
         if tok.numel():
-            self.run_mean.to(tok.device).update(stats["token_mean"], weight=tok.numel())
-            stats["token_mean_run"] = self.run_mean.compute()
-        values = torch.stack([v.float() for v in stats.values()]).tolist()
-        self.last = {f"staleness/{k}": v for k, v in zip(stats, values)}
-        log_scalars(trainer, pl_module, self.last, ("staleness/token_mean", "staleness/episode_max"))
+            self.last["staleness/token_mean_run"] = self.run_mean.update(
+                tok.mean().item(), float(tok.numel())
+            )
+        log_scalars(trainer, pl_module, self.last, ("staleness/episode_max",))
         self.batches += 1
         writer = tensorboard(trainer)
         if writer is None:
             return
         if tok.numel():
-            self.tokens.to(tok.device).update(tok)
-            self.episodes.to(ep.device).update(ep)
-        if self.batches % self.histogram_every == 0 and self.tokens.update_count > 0:
+            self.tokens.append(tok.cpu())
+            self.episodes.append(ep.cpu())
+        if self.batches % self.histogram_every == 0 and self.tokens:
             step = log_step(trainer)
-            for tag, metric in (("staleness/token", self.tokens), ("staleness/episode", self.episodes)):
-                values = metric.compute().detach().cpu()
+            for tag, parts in (("staleness/token", self.tokens), ("staleness/episode", self.episodes)):
+                values = torch.cat(parts)
                 writer.add_histogram(tag, values, step, bins=integer_bins(values))
-                metric.reset()
+            self.tokens, self.episodes = [], []
+
+    def state_dict(self) -> dict:
+        return {"run_mean": self.run_mean.state_dict(), "batches": self.batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.run_mean.load_state_dict(state["run_mean"])
+        self.batches = state["batches"]

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 import lightning as L
-from torchmetrics import MeanMetric
 
-from callbacks._common import log_scalars
+from callbacks._common import RunningMean, log_scalars
 
 PHASES = ("sample", "old_logp", "update", "sync")
 
@@ -25,19 +24,16 @@ class TimingMonitor(L.Callback):
     def __init__(self, phases: tuple[str, ...] = PHASES):
         super().__init__()
         self.phases = phases
-        self.step_mean = MeanMetric()
+        self.step_mean = RunningMean()
         self.start: float | None = None
         self.last: dict[str, float] = {}
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        self.step_mean.reset()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.start = time.perf_counter()
 
     def _phase_times(self, trainer, pl_module) -> dict[str, float]:
-        history = getattr(pl_module, "history", None)
-        source = history[-1] if history else trainer.callback_metrics
+        record = getattr(pl_module, "last_step", None)
+        source = record.metrics if record is not None else trainer.callback_metrics
         return {p: float(source[f"time/{p}"]) for p in self.phases if f"time/{p}" in source}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -46,8 +42,7 @@ class TimingMonitor(L.Callback):
         step = time.perf_counter() - self.start
         self.start = None
         phases = self._phase_times(trainer, pl_module)
-        self.step_mean.update(step)
-        record = {"time/step": step, "time/step_mean": float(self.step_mean.compute())}
+        record = {"time/step": step, "time/step_mean": self.step_mean.update(step, 1.0)}
         for name, seconds in phases.items():
             record[f"time/share_{name}"] = seconds / step
         record["time/share_other"] = max(0.0, 1.0 - sum(phases.values()) / step)

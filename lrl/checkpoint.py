@@ -25,10 +25,28 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lrl.config import Config, ConfigError
 
 # keys that may differ between the run that wrote a checkpoint and the run that resumes it
-RESUMABLE_CHANGES = {"max_steps", "log_dir", "run_name", "threads", "progress", "checkpoint_every", "checkpoint_dir",
-                     "resume", "history_file", "eval_every", "eval_episodes", "accelerator", "monitor_mismatch",
-                     "monitor_staleness", "monitor_timing", "health_check", "health_threshold",
-                     "health_threshold_p99", "health_strict", "histogram_every"}  # fmt: skip
+RESUMABLE_CHANGES = {
+    "max_steps",
+    "log_dir",
+    "run_name",
+    "threads",
+    "progress",
+    "checkpoint_every",
+    "checkpoint_dir",
+    "resume",
+    "history_file",
+    "eval_every",
+    "eval_episodes",
+    "accelerator",
+    "monitor_mismatch",
+    "monitor_staleness",
+    "monitor_timing",
+    "health_check",
+    "health_threshold",
+    "health_threshold_p99",
+    "health_strict",
+    "histogram_every",
+}
 
 
 def atomic_write(path: str | Path, write) -> None:
@@ -126,8 +144,15 @@ def robustness_callbacks(cfg: Config) -> list:
         # Lightning warns that with manual optimization the checkpoint holds the weights after the optimizer
         # step: that is what exact resume needs (it is written after the step's update and weight sync)
         warnings.filterwarnings("ignore", ".*ModelCheckpoint with manual optimization.*")
-        out.append(ModelCheckpoint(dirpath=checkpoint_dir(cfg), every_n_train_steps=cfg.checkpoint_every,
-                                   save_top_k=0, save_last=True, enable_version_counter=False))  # fmt: skip
+        out.append(
+            ModelCheckpoint(
+                dirpath=checkpoint_dir(cfg),
+                every_n_train_steps=cfg.checkpoint_every,
+                save_top_k=0,
+                save_last=True,
+                enable_version_counter=False,
+            )
+        )
     if cfg.history_file:
         out.append(HistoryFile(cfg.history_file))
     return out

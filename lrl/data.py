@@ -1,15 +1,16 @@
 """The controller: a DataModule that streams one collated batch per training step from a behavior sampler.
 
 Rollouts run in the training process (no worker processes: a forked sampler would never see new weights)
-and lazily: the module pulls the next batch inside ``training_step`` through Lightning's
-``dataloader_iter``, so each batch is sampled after the previous update and its weight sync. The version
-tags prove it: with the on-policy sampler every trained token has staleness 0.
+and lazily. Lightning's data fetcher reads one item ahead, so the dataloader does not yield batches: it yields
+one :class:`Deferred` per step, and the module samples it (``Deferred.get()``) inside ``training_step``, after
+the previous update and its weight sync. The version tags prove it: with the on-policy sampler every trained
+token has staleness 0. The stream's own counter, saved in checkpoints, says which batch comes next.
 
-Environment failures (seed 13.7, option (c)): the stream builds every env itself, so it can inject worker
-failures (``cfg.env_failure_rate`` per turn, ``cfg.env_failure_hazard`` per token) from its own generator. A
-failed episode gets no gradient (its ``action_mask`` row is zero, see ``collate``), takes no part in its group's
-advantage statistics, and its task is drawn first into the next batch, so failures do not thin out the tasks
-that fail most.
+Environment failures: the stream wraps every env in :class:`lrl.envs.FailureInjection` (``env_failure_rate``
+per turn, ``env_failure_hazard`` per token), drawn from its own generator. A failed episode gets no gradient
+(its ``action_mask`` row is zero, see ``lrl.batch.collate``), takes no part in its group's advantage
+statistics, and its task is drawn first into the next batch, so failures do not thin out the tasks that fail
+most (docs/robustness.md).
 
 Under data parallelism every rank runs its own stream over ``tasks_per_step / world_size`` tasks, with its own
 seed streams (rank 0 keeps the single-process seeds). ``state_dict`` holds every rank's state, so a checkpoint
@@ -18,17 +19,18 @@ written by rank 0 resumes all of them exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 
 import lightning as L
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 
-from lrl.gym import BugFixEnv, Task, WordTokenizer
+from lrl.batch import Batch, collate
+from lrl.envs import EnvSpec, FailureInjection
 from lrl.losses import group_advantages
-from lrl.rollout import collate
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -38,20 +40,28 @@ def rank_seed(seed: int, rank: int) -> int:
     return int.from_bytes(hashlib.sha256(f"lrl:{seed}:{rank}".encode()).digest()[:7], "little")
 
 
-class RolloutStream(IterableDataset):
-    """Yields `n_steps` batches; each is `tasks_per_step` train tasks x `episodes_per_task` episodes."""
+class RolloutStream:
+    """Samples the run's batches one by one: each is `tasks_per_step` train tasks x `episodes_per_task` episodes."""
 
-    def __init__(self, sampler, tasks: list[Task], tok: WordTokenizer, cfg, generator: torch.Generator, n_steps: int,
-                 env_generator: torch.Generator | None = None):  # fmt: skip
-        self.sampler, self.tasks, self.tok, self.cfg = sampler, tasks, tok, cfg
-        self.generator, self.n_steps = generator, n_steps
-        self.env_generator = env_generator if env_generator is not None else torch.Generator().manual_seed(cfg.seed + 2)
+    def __init__(
+        self,
+        sampler,
+        spec: EnvSpec,
+        cfg,
+        generator: torch.Generator,
+        env_generator: torch.Generator | None = None,
+    ):
+        self.sampler, self.spec, self.tasks, self.cfg = sampler, spec, list(spec.train_tasks), cfg
+        self.generator = generator
+        self.env_generator = (
+            env_generator if env_generator is not None else torch.Generator().manual_seed(cfg.seed + 2)
+        )
         self.tasks_per_step = cfg.tasks_per_step  # this process's share; RolloutDataModule.setup divides it
         self.produced = 0
         self.carry: list[int] = []  # indices into `tasks` of failed episodes, drawn first into the next batch
-        self.position = {t.task_id: i for i, t in enumerate(tasks)}
+        self.position = {t.task_id: i for i, t in enumerate(self.tasks)}
 
-    def choose_tasks(self) -> list[Task]:
+    def choose_tasks(self) -> list:
         """Draw the step's tasks without replacement, each repeated episodes_per_task times.
 
         Tasks whose episodes failed in the environment last step come first; the permutation is drawn every
@@ -62,38 +72,31 @@ class RolloutStream(IterableDataset):
         picks = carried + [i for i in perm if i not in carried][: self.tasks_per_step - len(carried)]
         return [self.tasks[i] for i in picks for _ in range(self.cfg.episodes_per_task)]
 
-    def make_env_factory(self, made: list[BugFixEnv]):
-        """A factory of the gym's env with this run's failure injection; it records the envs it makes."""
-        cfg = self.cfg
-        rate, hazard = cfg.env_failure_rate, cfg.env_failure_hazard
+    def failing_spec(self, made: list[FailureInjection]) -> EnvSpec:
+        """The env spec whose envs inject this run's worker failures; it records the envs it makes."""
+        rate, hazard = self.cfg.env_failure_rate, self.cfg.env_failure_hazard
+        generator = self.env_generator if rate or hazard else None
 
-        def factory() -> BugFixEnv:
-            env = BugFixEnv(self.tok, cfg.max_turns, rate, hazard, self.env_generator if rate or hazard else None)
+        def make() -> FailureInjection:
+            env = FailureInjection(self.spec.make(), rate, hazard, generator)
             made.append(env)
             return env
 
-        return factory
+        return dataclasses.replace(self.spec, make=make)
 
-    def next_batch(self) -> dict[str, torch.Tensor]:
+    def next_batch(self) -> Batch:
         """Sample, collate and score one batch with the sampler's current behavior weights."""
         start = time.perf_counter()
         tasks, envs = self.choose_tasks(), []
-        self.sampler.env_factory = self.make_env_factory(envs)
-        try:
-            episodes = self.sampler.sample(tasks, self.generator)
-        finally:
-            self.sampler.env_factory = None
-        injecting = bool(self.cfg.env_failure_rate or self.cfg.env_failure_hazard)
+        episodes = self.sampler.sample(tasks, self.generator, self.failing_spec(envs))
         if len(envs) != len(episodes):
-            if injecting:
-                raise RuntimeError(f"sampler {getattr(self.sampler, 'name', '?')!r} does not build its envs with "
-                                   "sampler.env_factory, so environment failures cannot be injected")  # fmt: skip
-            envs = []
-        batch = collate(episodes, self.tok.pad_id)
-        valid = 1.0 - batch["env_failure"]  # [B]
-        batch["advantage"] = group_advantages(batch["reward"], batch["task_id"], valid)
-        if envs:
-            batch["env_turns"] = torch.tensor([env.turns for env in envs], dtype=torch.float32)  # [B]
+            raise RuntimeError(
+                f"sampler {getattr(self.sampler, 'name', '?')!r} did not build one env per episode "
+                "with spec.make(), so environment failures cannot be injected"
+            )
+        batch = collate(episodes, self.spec.tok.pad_id, self.spec.metrics)
+        batch["advantage"] = group_advantages(batch["reward"], batch["task_id"], 1.0 - batch["env_failure"])
+        batch["env_turns"] = torch.tensor([env.turns for env in envs], dtype=torch.float32)  # [B]
         failed = [self.position[ep.task.task_id] for ep in episodes if ep.env_failure]
         self.carry += [i for i in dict.fromkeys(failed) if i not in self.carry]
         batch["index"] = torch.tensor(self.produced)
@@ -103,22 +106,60 @@ class RolloutStream(IterableDataset):
 
     def state_dict(self) -> dict:
         """Everything the stream needs to continue exactly: generator states, batches produced, carried tasks."""
-        return {"generator": self.generator.get_state(), "env_generator": self.env_generator.get_state(),
-                "produced": self.produced, "carry": list(self.carry)}  # fmt: skip
+        return {
+            "generator": self.generator.get_state(),
+            "env_generator": self.env_generator.get_state(),
+            "produced": self.produced,
+            "carry": list(self.carry),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
-        if "env_generator" in state:
-            self.env_generator.set_state(state["env_generator"])
+        self.env_generator.set_state(state["env_generator"])
         self.produced = state["produced"]
-        self.carry = list(state.get("carry", []))
+        self.carry = list(state["carry"])
 
-    def __iter__(self):
-        while self.produced < self.n_steps:
-            yield self.next_batch()
+
+class Deferred:
+    """A training batch not sampled yet; ``get()`` samples it now, with the sampler's current weights."""
+
+    def __init__(self, stream: RolloutStream):
+        self.stream = stream
+
+    def get(self) -> Batch:
+        return self.stream.next_batch()
+
+
+class _StepCues(Dataset):
+    """One Deferred batch per training step (map-style: Lightning knows the length; reading ahead is free)."""
+
+    def __init__(self, stream: RolloutStream, n_steps: int):
+        self.stream, self.n_steps = stream, n_steps
 
     def __len__(self) -> int:
         return self.n_steps
+
+    def __getitem__(self, i: int) -> Deferred:
+        return Deferred(self.stream)
+
+
+class _StepLoader(DataLoader):
+    """The training dataloader. It yields stateless cues, so resuming it is only a matter of position: the
+    stream's full state (generators, carried tasks, every rank's) comes back with the datamodule's state."""
+
+    def __init__(self, stream: RolloutStream, n_steps: int):
+        super().__init__(_StepCues(stream, n_steps), batch_size=None, num_workers=0)
+        self.stream = stream
+
+    def state_dict(self) -> dict:
+        return {"produced": self.stream.produced}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["produced"] != self.stream.produced:
+            raise ValueError(
+                f"the checkpoint's dataloader is at batch {state['produced']} but its stream at "
+                f"{self.stream.produced}: the checkpoint is inconsistent"
+            )
 
 
 class _EvalTick(torch.utils.data.Dataset):
@@ -134,11 +175,11 @@ class _EvalTick(torch.utils.data.Dataset):
 class RolloutDataModule(L.LightningDataModule):
     """Train batches stream from the sampler; validation is a held-out evaluation run by the module."""
 
-    def __init__(self, sampler, tasks: list[Task], tok: WordTokenizer, cfg):
+    def __init__(self, sampler, spec: EnvSpec, cfg):
         super().__init__()
-        self.sampler, self.tasks, self.tok, self.cfg = sampler, tasks, tok, cfg
+        self.sampler, self.spec, self.cfg = sampler, spec, cfg
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.stream = RolloutStream(sampler, tasks, tok, cfg, self.generator, cfg.max_steps)
+        self.stream = RolloutStream(sampler, spec, cfg, self.generator)
         self.rank, self.world_size = 0, 1
 
     def setup(self, stage: str) -> None:
@@ -147,14 +188,12 @@ class RolloutDataModule(L.LightningDataModule):
         if trainer is None or trainer.world_size == 1 or self.world_size > 1:
             return
         self.rank, self.world_size = trainer.global_rank, trainer.world_size
-        if self.cfg.tasks_per_step % self.world_size:
-            raise ValueError(f"tasks_per_step {self.cfg.tasks_per_step} does not split over {self.world_size} ranks")
-        self.stream.tasks_per_step = self.cfg.tasks_per_step // self.world_size
+        self.stream.tasks_per_step = self.cfg.tasks_per_step // self.world_size  # Config checks it divides
         self.generator.manual_seed(rank_seed(self.cfg.seed, self.rank))
         self.stream.env_generator.manual_seed(rank_seed(self.cfg.seed + 2, self.rank))
 
     def train_dataloader(self):
-        return DataLoader(self.stream, batch_size=None, num_workers=0)
+        return _StepLoader(self.stream, self.cfg.max_steps)
 
     def val_dataloader(self):
         return DataLoader(_EvalTick(), batch_size=None)
@@ -169,8 +208,10 @@ class RolloutDataModule(L.LightningDataModule):
         return {"ranks": ranks}
 
     def load_state_dict(self, state):
-        ranks = state.get("ranks", [state])  # a bare state: written before per-rank states existed
+        ranks = state["ranks"]
         if len(ranks) != self.world_size:
-            raise ValueError(f"the checkpoint holds the streams of {len(ranks)} process(es); this run has "
-                             f"{self.world_size}: resume with the same --devices and --num-nodes")  # fmt: skip
+            raise ValueError(
+                f"the checkpoint holds the streams of {len(ranks)} process(es); this run has "
+                f"{self.world_size}: resume with the same --devices and --num-nodes"
+            )
         self.stream.load_state_dict(ranks[self.rank])

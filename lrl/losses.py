@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def group_advantages(reward: torch.Tensor, group: torch.Tensor, valid: torch.Tensor | None = None,
-                     eps: float = 1e-6) -> torch.Tensor:  # fmt: skip
+def group_advantages(
+    reward: torch.Tensor, group: torch.Tensor, valid: torch.Tensor | None = None, eps: float = 1e-6
+) -> torch.Tensor:
     """Group-normalised advantages (r - mean_g) / (std_g + eps): [B] -> [B]; 0 for groups without variance.
 
     Episodes with ``valid == 0`` (environment failures) take no part in their group's statistics and get 0.
@@ -37,16 +38,21 @@ def clipped_policy_loss(
     All inputs [B, T]. ``token_adv`` is the per-token advantage (the decoupled loss passes ``w * A``), so
     importance weights enter without touching this function. The denominator is ``mask.sum()``, the count of
     action tokens before any weight zeroes some of them, so masking does not inflate the remaining gradient.
+    The log-ratio is masked before it is exponentiated: a huge log-ratio at a padding or observation position
+    would otherwise give inf * 0 = NaN.
     """
-    ratio = (logp - old_logp).exp()  # [B, T]
+    log_ratio = torch.where(mask.bool(), logp - old_logp, 0.0)  # [B, T], 0 off the actions
+    ratio = log_ratio.exp()  # [B, T], 1 off the actions
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = -torch.minimum(ratio * token_adv, clipped * token_adv) * mask
     n = mask.sum().clamp(min=1.0)
     loss = per_token.sum() / n
     with torch.no_grad():
-        was_clipped = ((ratio < 1.0 - eps_low) & (token_adv < 0)) | ((ratio > 1.0 + eps_high) & (token_adv > 0))
+        was_clipped = ((ratio < 1.0 - eps_low) & (token_adv < 0)) | (
+            (ratio > 1.0 + eps_high) & (token_adv > 0)
+        )
         stats = {
             "clip_frac": (was_clipped.float() * mask).sum() / n,
-            "approx_kl": (((ratio - 1) - (logp - old_logp)) * mask).sum() / n,  # k3 estimator of KL(old||new)
+            "approx_kl": (((ratio - 1) - log_ratio) * mask).sum() / n,  # k3 estimator of KL(old||new)
         }
     return loss, stats

@@ -6,22 +6,36 @@ from pathlib import Path
 
 import torch
 
-from lrl.gym.tokenizer import TOKENIZER_FILE, WordTokenizer
+from lrl.batch import pad_right
+from lrl.tokenizers import TOKENIZER_FILE, WordTokenizer
 
-DEFAULT_SIZE = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256)  # fmt: skip
+DEFAULT_SIZE = dict(
+    hidden_size=64,
+    intermediate_size=192,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+)
 
 
 class ModelLoadError(ValueError):
     """A --model path that does not exist or does not hold a causal LM."""
 
 
-def make_policy(tok: WordTokenizer, seed: int = 0, **size) -> torch.nn.Module:
-    """A freshly initialised tiny Qwen3ForCausalLM (~150k parameters) over the gym's vocabulary."""
+def make_policy(tok, seed: int = 0, **size) -> torch.nn.Module:
+    """A freshly initialised tiny Qwen3ForCausalLM (~150k parameters) over the tokenizer's vocabulary."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=len(tok), tie_word_embeddings=True, pad_token_id=tok.pad_id,
-                         bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, **{**DEFAULT_SIZE, **size})  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_id,
+        bos_token_id=tok.bos_id,
+        eos_token_id=tok.eos_id,
+        **{**DEFAULT_SIZE, **size},
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
@@ -48,25 +62,48 @@ def load_policy(path: str | Path, tok: WordTokenizer | None = None, dtype=torch.
             f"--model {path}: model type {config.model_type!r} is not a causal LM "
             f"(AutoModelForCausalLM supports e.g. qwen3, llama, gpt2)"
         )
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar per load of a 150k-parameter model is noise on the console
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"--model {path}: the weights cannot be loaded ({err})") from None
-    if tok is None and (path / TOKENIZER_FILE).exists():
-        tok = WordTokenizer.load(path)
-    if tok is not None and model.config.vocab_size < len(tok):
-        raise ModelLoadError(
-            f"--model {path}: vocabulary of {model.config.vocab_size} is smaller than the gym's {len(tok)}"
-        )
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+    if tok is None and ((path / TOKENIZER_FILE).exists() or (path / "tokenizer.json").exists()):
+        from lrl.tokenizers import load_tokenizer
+
+        try:
+            tok = load_tokenizer(path)
+        except ValueError as err:
+            raise ModelLoadError(f"--model {path}: {err}") from None
+    if tok is not None:
+        try:
+            check_vocabulary(model, tok)
+        except ValueError as err:
+            raise ModelLoadError(f"--model {path}: {err}") from None
     return model.eval(), tok
 
 
-def save_policy(model, tok: WordTokenizer, path: str | Path) -> Path:
-    """save_pretrained plus the gym tokenizer, so that load_policy restores both."""
+def check_vocabulary(model, tok) -> None:
+    """Raise ValueError when the model's output vocabulary cannot hold every id of the tokenizer."""
+    n = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 0
+    if n < len(tok):
+        raise ValueError(f"the model's vocabulary of {n} is smaller than the tokenizer's {len(tok)}")
+
+
+def save_policy(model, tok, path: str | Path) -> Path:
+    """save_pretrained plus the tokenizer (the word list, or the transformers files), so load_policy restores both."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    tok.save(path)
+    if isinstance(tok, WordTokenizer):
+        tok.save(path)
+    else:
+        tok.hf.save_pretrained(path)
     return path
 
 
@@ -80,3 +117,38 @@ def sequence_log_probs(model, ids: torch.Tensor, attention_mask: torch.Tensor, t
     """Trainer-style log-prob of every next token, one full forward: ids [B, T] -> [B, T-1]."""
     logits = model(input_ids=ids, attention_mask=attention_mask).logits  # [B, T, V]
     return selected_log_probs(logits[:, :-1], ids[:, 1:], temperature)
+
+
+def with_fp32_head(model: torch.nn.Module, source: torch.nn.Module) -> torch.nn.Module:
+    """Give a low-precision `model` an fp32 LM head with `source`'s weights; its input is cast to fp32."""
+    head = source.get_output_embeddings()
+    fp32 = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+    fp32 = fp32.to(device=head.weight.device, dtype=torch.float32)
+    with torch.no_grad():
+        fp32.weight.copy_(head.weight.float())
+        if head.bias is not None:
+            fp32.bias.copy_(head.bias.float())
+    fp32.register_forward_pre_hook(lambda mod, args: (args[0].float(),))
+    model.set_output_embeddings(fp32)  # unties it from the (low-precision) input embeddings
+    return model
+
+
+@torch.no_grad()
+def continuation_log_probs(
+    model, prompts, new_ids: torch.Tensor, pad_id: int, batch_size: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """Trainer-style log-probs of the continuations: one full forward per `batch_size` right-padded
+    sequences -> [B, n]."""
+    device = next(model.parameters()).device
+    n = new_ids.shape[1]
+    seqs = [list(p) + row.tolist() for p, row in zip(prompts, new_ids)]
+    groups = [seqs[i : i + batch_size] for i in range(0, len(seqs), batch_size)]
+    out = []
+    for chunk in groups:
+        ids, mask = pad_right(chunk, pad_id)  # [b, T]
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [b, T, V]
+        for row, s in enumerate(chunk):
+            first = len(s) - n  # position of the first new token
+            target = ids[row, first : len(s)].to(device)
+            out.append(selected_log_probs(logits[row, first - 1 : len(s) - 1], target, temperature).cpu())
+    return torch.stack(out)

@@ -1,51 +1,52 @@
-"""Multi-turn rollouts in the TinyAgent gym, collation into the batch contract, and evaluation.
+"""The episode loop: multi-turn rollouts of any environment with any decoder, and held-out evaluation.
 
-A rollout is driven by a *decoder*: any callable ``decode(seqs) -> [B, V]`` that returns, in fp32, the
-log-probs of the next token for each token-id sequence in ``seqs`` (at the sampling temperature). The
-trainer-style decoder below runs one full forward over the right-padded batch; samplers may supply
-others (an engine-style KV-cache decoder, a decoder over rounded weights).
+One loop serves every sampler: the decode path is a :class:`lrl.decoding.Decoder` (trainer-style full
+forwards, or an engine-style KV cache), the distribution a :class:`lrl.decoding.Sampling`, and the
+environment an :class:`lrl.envs.EnvSpec`. All episodes of a call advance in lockstep, one turn at a time:
+each active episode generates one action (up to the spec's ``max_action_tokens``, ending at eos), then
+every environment answers it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from lrl.gym import BugFixEnv, Task, WordTokenizer
-
-Decoder = Callable[[list[list[int]]], torch.Tensor]
-MAX_ACTION_TOKENS = 3  # the longest valid action is `answer K <eos>`
+from lrl.decoding import Decoder, Sampling, TrainerStyleDecoder, sample_tokens
 
 
 @dataclass
 class Episode:
     """One episode as a single token sequence, with per-token tags for the tokens the policy generated."""
 
-    task: Task
+    task: Any
     ids: list[int]
     generated: list[bool] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
     version: list[int] = field(default_factory=list)
     reward: float = 0.0
-    reads: int = 0
     invalid: bool = False
     truncated: bool = False
     done: bool = False
-    env_failure: bool = False  # the worker failed: no score, no gradient (see collate)
+    env_failure: bool = False  # the worker failed: no score, no gradient (see lrl.batch.collate)
+    metrics: dict[str, float] = field(default_factory=dict)  # the env's per-episode counts
 
     def __post_init__(self):
         n = len(self.ids)
         self.generated, self.logp, self.version = [False] * n, [0.0] * n, [-1] * n
 
     def record(self, result) -> None:
-        """Take in the env's StepResult for the last action: reward, flags, and the observation tokens."""
+        """Take in the env's StepResult for the last action: reward, flags, counts, and the observation tokens."""
+        info = result.info
         self.reward += result.reward
-        self.reads += result.info["action"] == "read"
-        self.invalid |= result.info["invalid"]
-        self.truncated |= result.info["truncated"]
-        self.env_failure |= bool(result.info.get("env_failure", False))
+        self.invalid |= bool(info.get("invalid", False))
+        self.truncated |= bool(info.get("truncated", False))
+        self.env_failure |= bool(info.get("env_failure", False))
+        for name, value in info.get("metrics", {}).items():
+            self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
         self.done = result.done
         self.extend(result.observation, False)
 
@@ -55,125 +56,90 @@ class Episode:
         self.logp.extend(logp if logp is not None else [0.0] * len(ids))
         self.version.extend([version] * len(ids))
 
-
-def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token lists -> ids [B, T] and attention_mask [B, T]."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, s in enumerate(seqs):
-        ids[row, : len(s)] = torch.as_tensor(s)
-        mask[row, : len(s)] = 1
-    return ids, mask
+    @property
+    def action_tokens(self) -> int:
+        return sum(self.generated)
 
 
-def trainer_style_decoder(model, pad_id: int, temperature: float = 1.0) -> Decoder:
-    """Decoder that re-runs the full right-padded sequences each step: seqs -> next-token logp [B, V]."""
-
-    @torch.no_grad()
-    def decode(seqs: list[list[int]]) -> torch.Tensor:
-        ids, mask = pad_right(seqs, pad_id)
-        device = next(model.parameters()).device
-        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [B, T, V]
-        last = (mask.sum(-1) - 1).to(device)  # [B]
-        rows = torch.arange(len(seqs), device=device)
-        return torch.log_softmax(logits[rows, last].float() / temperature, dim=-1).cpu()
-
-    return decode
+class ContextError(ValueError):
+    """An episode grew longer than the model's context."""
 
 
+@torch.no_grad()
 def run_episodes(
-    decode: Decoder,
-    tasks: Sequence[Task],
-    tok: WordTokenizer,
+    decoder: Decoder,
+    spec,
+    tasks: Sequence[Any],
     generator: torch.Generator,
+    sampling: Sampling | None = None,
     version: int = 0,
-    max_turns: int = 3,
-    env_factory: Callable[[], BugFixEnv] | None = None,
 ) -> list[Episode]:
-    """Roll out one episode per task in lockstep; every generated token is tagged with `version`."""
-    envs = [env_factory() if env_factory else BugFixEnv(tok, max_turns) for _ in tasks]
+    """Roll out one episode per task with `decoder`; every generated token is tagged with `version`.
+
+    ``spec`` is an :class:`lrl.envs.EnvSpec` (its ``make``, ``max_action_tokens`` and ``tok.eos_id``).
+    """
+    stop, budget, sampling = spec.tok.eos_id, spec.max_action_tokens, sampling or Sampling()
+    envs = [spec.make() for _ in tasks]
     episodes = [Episode(task, env.reset(task)) for task, env in zip(tasks, envs)]
+    context = getattr(decoder, "context", None)
     active = list(range(len(episodes)))
     while active:
+        longest = max(len(episodes[i].ids) for i in active) + budget
+        if context is not None and longest > context:
+            raise ContextError(
+                f"an episode needs {longest} positions but the model's context is {context} "
+                "(max_position_embeddings); lower max_turns or use a model with a longer context"
+            )
+        logits = decoder.prefill(active, [episodes[i].ids for i in active])  # [b, V]
         actions: dict[int, list[int]] = {i: [] for i in active}
         generating = list(active)
-        for _ in range(MAX_ACTION_TOKENS):
-            logp = decode([episodes[i].ids for i in generating])  # [b, V]
-            token = torch.multinomial(logp.exp(), 1, generator=generator)  # [b, 1]
-            chosen = logp.gather(1, token).squeeze(1).tolist()
-            token = token.squeeze(1).tolist()
+        for step in range(budget):
+            token, chosen = sample_tokens(sampling.log_probs(logits), generator)
+            token, chosen = token.tolist(), chosen.tolist()
             for i, t, lp in zip(generating, token, chosen):
                 episodes[i].extend([t], True, [lp], version)
                 actions[i].append(t)
-            generating = [i for i, t in zip(generating, token) if t != tok.eos_id]
-            if not generating:
+            going = [j for j, t in enumerate(token) if t != stop and step + 1 < budget]
+            decoder.keep(going)
+            if not going:
                 break
+            generating = [generating[j] for j in going]
+            logits = decoder.step(torch.tensor([token[j] for j in going]))  # one decode step
         for i in active:
             episodes[i].record(envs[i].step(actions[i]))
         active = [i for i in active if not episodes[i].done]
     return episodes
 
 
-def collate(episodes: Sequence[Episode], pad_id: int) -> dict[str, torch.Tensor]:
-    """Episodes -> the batch contract (see DESIGN): ids, masks, sample_logp, version, reward, task_id, ...
-
-    An episode whose environment worker failed keeps its tokens and tags but gets an all-zero ``action_mask``
-    row (no gradient, no mismatch statistics) and ``env_failure`` 1; its ``reward`` is 0 and is not a score.
-    """
-    ids, attention_mask = pad_right([e.ids for e in episodes], pad_id)  # [B, T]
-    width = ids.shape[1]
-    failed = torch.tensor([e.env_failure for e in episodes], dtype=torch.float32)  # [B]
-
-    def per_token(values, fill, dtype):
-        out = torch.full((len(episodes), width), fill, dtype=dtype)
-        for row, v in enumerate(values):
-            out[row, : len(v)] = torch.as_tensor(v, dtype=dtype)
-        return out[:, 1:]  # tag of token t+1, aligned with the logits at position t
-
-    return {
-        "ids": ids,
-        "attention_mask": attention_mask,
-        "action_mask": per_token([e.generated for e in episodes], False, torch.bool).float() * (1 - failed)[:, None],
-        "sample_logp": per_token([e.logp for e in episodes], 0.0, torch.float32),
-        "version": per_token([e.version for e in episodes], -1, torch.long),
-        "reward": torch.tensor([e.reward for e in episodes], dtype=torch.float32),
-        "task_id": torch.tensor([e.task.task_id for e in episodes], dtype=torch.long),
-        "reads": torch.tensor([e.reads for e in episodes], dtype=torch.float32),
-        "invalid": torch.tensor([e.invalid for e in episodes], dtype=torch.float32),
-        "truncated": torch.tensor([e.truncated for e in episodes], dtype=torch.float32),
-        "length": attention_mask.sum(-1).float(),
-        "env_failure": failed,
-    }
-
-
 @torch.no_grad()
 def evaluate(
     model,
-    tasks: Sequence[Task],
+    spec,
+    tasks: Sequence[Any] | None = None,
     episodes_per_task: int = 16,
     seed: int = 0,
-    tok: WordTokenizer | None = None,
     temperature: float = 1.0,
-    max_turns: int = 3,
 ) -> dict[str, float]:
-    """Sample `episodes_per_task` episodes per task -> pass_rate, reads, invalid and mean length."""
-    if tok is None:
-        from lrl.gym import build_tokenizer, make_tasks
+    """Sample `episodes_per_task` episodes per task (default: the spec's held-out tasks), trainer-style.
 
-        tok = build_tokenizer(make_tasks("all"))
+    -> pass_rate (mean reward), invalid, length (tokens per episode), action_tokens, episodes, and the
+    mean of each of the env's metrics.
+    """
+    tasks = spec.heldout_tasks if tasks is None else tasks
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     batch_tasks = [t for t in tasks for _ in range(episodes_per_task)]
-    episodes = run_episodes(trainer_style_decoder(model, tok.pad_id, temperature), batch_tasks, tok, generator,
-                            max_turns=max_turns)  # fmt: skip
+    decoder = TrainerStyleDecoder(model, spec.tok.pad_id)
+    episodes = run_episodes(decoder, spec, batch_tasks, generator, Sampling(temperature))
     model.train(was_training)
     n = len(episodes)
-    return {
+    out = {
         "pass_rate": sum(e.reward for e in episodes) / n,
-        "reads": sum(e.reads for e in episodes) / n,
         "invalid": sum(e.invalid for e in episodes) / n,
         "length": sum(len(e.ids) for e in episodes) / n,
+        "action_tokens": sum(e.action_tokens for e in episodes) / n,
         "episodes": n,
     }
+    out.update({m: sum(e.metrics.get(m, 0.0) for e in episodes) / n for m in spec.metrics})
+    return out

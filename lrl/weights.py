@@ -1,6 +1,8 @@
 """Behavior-policy correction weights w = pi_old / mu, as small pure functions.
 
-Every function takes the trainer's log-probs ``logp_trainer`` (pi_old), the sampler's log-probs
+Corrections are registry entries (``register_correction(name)``, decorating
+``fn(logp_trainer, logp_sampler, mask, cfg) -> weights [B, T]``, detached, 0 off the mask); ``none``,
+``tis`` and ``mis`` are registered the same way as a user's own. Every function takes the trainer's log-probs ``logp_trainer`` (pi_old), the sampler's log-probs
 ``logp_sampler`` (mu) and the action ``mask``, all ``[B, T]``, and returns detached weights ``[B, T]``
 that are 0 off the mask. All arithmetic is in log space, so a product over a 1,000-token episode neither
 overflows nor underflows.
@@ -17,9 +19,11 @@ import math
 
 import torch
 
+from lrl.registry import CORRECTIONS
+
 LEVELS = ("token", "sequence", "geometric")
 EDGE_TOL = 1e-6  # log-space slack at the MIS band edges: a ratio within 1e-6 (relative) of an edge is on it
-CORRECTIONS = ("none", "tis", "mis")
+register_correction = CORRECTIONS.register  # fn(logp_trainer, logp_sampler, mask, cfg) -> weights [B, T]
 
 
 def _check_level(level: str) -> None:
@@ -48,7 +52,9 @@ def tis_weights(logp_trainer, logp_sampler, mask, cap: float = 2.0, level: str =
     return capped.exp() * mask
 
 
-def mis_weights(logp_trainer, logp_sampler, mask, low: float = 0.5, high: float = 5.0, level: str = "token") -> torch.Tensor:
+def mis_weights(
+    logp_trainer, logp_sampler, mask, low: float = 0.5, high: float = 5.0, level: str = "token"
+) -> torch.Tensor:
     """Masked IS weights (IcePop): pi_old/mu where it lies in [low, high] (inclusive), else 0: [B, T] -> [B, T].
 
     Log-probs are differences of rounded numbers, so "inclusive" allows EDGE_TOL of slack in log space.
@@ -66,42 +72,32 @@ def veto_mask(logp_trainer, logp_sampler, mask, threshold: float) -> torch.Tenso
     return (~bad.any(-1, keepdim=True)).to(logp_trainer.dtype)
 
 
-def behavior_weights(
-    logp_trainer,
-    logp_sampler,
-    mask,
-    correction: str = "none",
-    level: str = "token",
-    cap: float = 2.0,
-    low: float = 0.5,
-    high: float = 5.0,
-    veto: float | None = None,
-) -> torch.Tensor:
+def behavior_weights(logp_trainer, logp_sampler, mask, cfg) -> torch.Tensor:
     """The weight each action token's advantage is multiplied by: [B, T] -> [B, T], 0 off the mask.
 
-    ``none`` returns the action mask itself (the on-policy update); ``tis``/``mis`` the weights above. A
-    ``veto`` threshold additionally zeroes every episode holding a token with ratio below it.
+    The correction named by ``cfg.correction`` (a registry entry: ``none`` returns the action mask itself,
+    the on-policy update); a ``cfg.veto`` threshold additionally zeroes every episode holding a token with
+    ratio below it.
     """
-    if correction == "none":
-        weights = mask.to(logp_trainer.dtype)
-    elif correction == "tis":
-        weights = tis_weights(logp_trainer, logp_sampler, mask, cap, level)
-    elif correction == "mis":
-        weights = mis_weights(logp_trainer, logp_sampler, mask, low, high, level)
-    else:
-        raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}; got {correction!r}")
-    if veto is not None and veto > 0:
-        weights = weights * veto_mask(logp_trainer, logp_sampler, mask, veto)
+    weights = CORRECTIONS.get(cfg.correction).factory(logp_trainer, logp_sampler, mask, cfg)
+    if cfg.veto > 0:
+        weights = weights * veto_mask(logp_trainer, logp_sampler, mask, cfg.veto)
     return weights
 
 
-def offpolicy_stats(logp_trainer, logp_sampler, mask, weights, cap: float = 2.0) -> dict[str, float]:
-    """Raw-ratio statistics of a batch (before truncation or masking): mismatch, over_cap, masked share."""
-    m = mask.bool()
-    n = max(int(m.sum()), 1)
-    log_ratio = (logp_trainer - logp_sampler).detach()[m]  # [N]
-    return {
-        "mismatch": (log_ratio.abs().sum() / n).item(),
-        "over_cap": ((log_ratio > math.log(cap)).sum() / n).item(),
-        "masked": ((weights.detach()[m] == 0).sum() / n).item(),
-    }
+@register_correction("none")
+def _none(logp_trainer, logp_sampler, mask, cfg) -> torch.Tensor:
+    """ignore mu: the weights are the action mask (the trainer-only update)"""
+    return mask.to(logp_trainer.dtype)
+
+
+@register_correction("tis", uses=("cap", "level"))
+def _tis(logp_trainer, logp_sampler, mask, cfg) -> torch.Tensor:
+    """truncated IS: min(pi_old/mu, cap) at cfg.level"""
+    return tis_weights(logp_trainer, logp_sampler, mask, cfg.cap, cfg.level)
+
+
+@register_correction("mis", uses=("low", "high", "level"))
+def _mis(logp_trainer, logp_sampler, mask, cfg) -> torch.Tensor:
+    """masked IS (IcePop): pi_old/mu inside [low, high] at cfg.level, else 0"""
+    return mis_weights(logp_trainer, logp_sampler, mask, cfg.low, cfg.high, cfg.level)

@@ -1,61 +1,82 @@
-"""Behavior samplers, chosen by name: ``make_sampler(cfg, tok)``.
+"""Behavior samplers, chosen by name from the registry: ``make_sampler(cfg, tok)``.
 
-The names are presets of three orthogonal choices (see samplers/base.py): ``onpolicy`` samples with the
-trainer's module itself; ``lagged`` with the weights ``cfg.lag`` updates old; ``fp8`` with weights rounded
-to float8 (optionally also ``cfg.lag`` old); ``engine`` decodes engine-style (KV cache, its own dtype; see
-samplers/engine.py), composable with ``cfg.lag`` and FP8 (``cfg.engine_fp8``).
+The built-in names are presets of three orthogonal choices (see samplers/base.py): ``onpolicy`` samples
+with the trainer's module itself; ``lagged`` with the weights ``cfg.lag`` updates old; ``fp8`` with weights
+rounded to float8 (optionally also ``cfg.lag`` old); ``engine`` decodes engine-style (KV cache, its own
+dtype; see samplers/engine.py), composable with ``cfg.lag`` and FP8 (``cfg.engine_fp8``).
+
+A user's sampler registers the same way, from any module named in ``plugins``::
+
+    @samplers.register("mine", uses=("lag",))
+    def mine(cfg, tok):
+        return MySampler(tok, cfg.lag)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from lrl.decoding import Sampling
+from lrl.registry import SAMPLERS
 from samplers.base import BehaviorSampler, OnPolicySampler, cpu_state
 from samplers.engine import EngineSampler
 from samplers.fp8 import fp8_transform, round_fp8
 
-SAMPLERS: dict[str, Callable] = {}
+register = SAMPLERS.register
 
 
-def register(name: str):
-    """Decorator: make a sampler factory `factory(cfg, tok) -> sampler` available under `name`."""
-
-    def add(factory):
-        SAMPLERS[name] = factory
-        return factory
-
-    return add
+def sampling(cfg) -> Sampling:
+    """The distribution a sampler draws from: temperature, and top-p/top-k where the sampler reads them."""
+    return Sampling(cfg.temperature, cfg.top_p, cfg.top_k)
 
 
 @register("onpolicy")
 def _onpolicy(cfg, tok):
-    return OnPolicySampler(tok, cfg.temperature, cfg.max_turns)
+    """the trainer's own weights and module (staleness 0)"""
+    return OnPolicySampler(tok, sampling(cfg))
 
 
-@register("lagged")
+@register("lagged", uses=("lag",))
 def _lagged(cfg, tok):
-    return BehaviorSampler(tok, cfg.lag, None, cfg.temperature, cfg.max_turns)
+    """the weights `lag` updates old"""
+    return BehaviorSampler(tok, cfg.lag, None, sampling(cfg))
 
 
-@register("fp8")
+@register("fp8", uses=("lag", "fp8_scale"))
 def _fp8(cfg, tok):
-    return BehaviorSampler(tok, cfg.lag, fp8_transform(cfg.fp8_scale), cfg.temperature, cfg.max_turns)
+    """weights rounded to float8 (e4m3) and back, optionally `lag` updates old"""
+    return BehaviorSampler(tok, cfg.lag, fp8_transform(cfg.fp8_scale), sampling(cfg))
 
 
-@register("engine")
+def _engine_check(cfg) -> list[str]:
+    if cfg.fp8_scale != "none" and not cfg.engine_fp8:
+        return [f"fp8_scale: {cfg.fp8_scale!r} applies to the engine only with engine_fp8: true"]
+    return []
+
+
+@register(
+    "engine", uses=("lag", "fp8_scale", "engine_dtype", "engine_fp8", "top_p", "top_k"), check=_engine_check
+)
 def _engine(cfg, tok):
+    """engine-style decoding: KV cache, its own dtype, top-k/top-p, optionally FP8 and `lag` old"""
     transform = fp8_transform(cfg.fp8_scale) if cfg.engine_fp8 else None
-    return EngineSampler(tok, cfg.lag, transform, cfg.temperature, cfg.max_turns, cfg.engine_dtype, cfg.top_p, cfg.top_k)
+    return EngineSampler(tok, cfg.lag, transform, sampling(cfg), cfg.engine_dtype)
 
 
 def make_sampler(cfg, tok):
-    """The sampler named by cfg.sampler; an unknown name lists the registered ones."""
-    if cfg.sampler not in SAMPLERS:
-        raise ValueError(f"sampler: {cfg.sampler!r} is not registered; choose one of {', '.join(SAMPLERS)}")
-    sampler = SAMPLERS[cfg.sampler](cfg, tok)
+    """The sampler named by cfg.sampler (a registry entry), built for this run."""
+    sampler = SAMPLERS.get(cfg.sampler).factory(cfg, tok)
     sampler.name = cfg.sampler
     return sampler
 
 
-__all__ = ["BehaviorSampler", "OnPolicySampler", "SAMPLERS", "register", "make_sampler", "cpu_state",
-           "round_fp8", "fp8_transform", "EngineSampler"]  # fmt: skip
+__all__ = [
+    "BehaviorSampler",
+    "OnPolicySampler",
+    "EngineSampler",
+    "SAMPLERS",
+    "register",
+    "make_sampler",
+    "cpu_state",
+    "round_fp8",
+    "fp8_transform",
+    "sampling",
+]

@@ -4,6 +4,10 @@ A sampler keeps the last ``lag + 1`` versions of the policy's weights as CPU cop
 oldest of them, optionally transformed (rounded to FP8), and tags every generated token with its
 log-prob under the distribution it was drawn from and with the version of the weights that drew it.
 The trainer calls :meth:`BehaviorSampler.sync` after each update; that call is the weight sync.
+
+Every sampler honours the same contract: ``setup``, ``sync``, ``decoder()`` (an ``lrl.decoding.Decoder``
+over its behavior weights), ``sample(tasks, generator, spec)`` (one episode per task in the environment
+``spec``), ``behavior_version``, ``kept_versions``, ``state_dict`` / ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from lrl.gym import Task, WordTokenizer
-from lrl.rollout import Episode, run_episodes, trainer_style_decoder
+from lrl.decoding import Sampling, TrainerStyleDecoder
+from lrl.rollout import Episode, run_episodes
 
 Transform = Callable[[torch.nn.Module], None]
 
@@ -26,21 +30,19 @@ def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 class BehaviorSampler:
-    """Samples episodes with the policy `lag` versions old, optionally transformed."""
+    """Samples episodes with the policy `lag` versions old, optionally transformed, decoded trainer-style."""
 
     name = "custom"
 
-    def __init__(self, tok: WordTokenizer, lag: int = 0, transform: Transform | None = None,
-                 temperature: float = 1.0, max_turns: int = 3):  # fmt: skip
+    def __init__(
+        self, tok, lag: int = 0, transform: Transform | None = None, sampling: Sampling | None = None
+    ):
         if lag < 0:
             raise ValueError(f"lag must be >= 0; got {lag}")
-        self.tok, self.lag, self.transform = tok, lag, transform
-        self.temperature, self.max_turns = temperature, max_turns
+        self.tok, self.lag, self.transform, self.sampling = tok, lag, transform, sampling or Sampling()
         self.versions: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
         self.behavior: torch.nn.Module | None = None
         self.policy: torch.nn.Module | None = None
-        # set by the rollout stream: makes the gym's envs (e.g. with failure injection); None: plain BugFixEnv
-        self.env_factory: Callable[[], object] | None = None
 
     # -- weight sync ---------------------------------------------------------------------------------
     def setup(self, policy: torch.nn.Module, version: int = 0) -> None:
@@ -53,6 +55,9 @@ class BehaviorSampler:
     def sync(self, policy: torch.nn.Module, version: int) -> None:
         """Receive the trainer's weights after an update: keep them, load the oldest kept version."""
         self.versions.append((version, cpu_state(policy)))
+        self._load_oldest()
+
+    def _load_oldest(self) -> None:
         self.behavior.load_state_dict(self.versions[0][1])
         if self.transform is not None:
             self.transform(self.behavior)
@@ -67,13 +72,12 @@ class BehaviorSampler:
 
     # -- sampling ------------------------------------------------------------------------------------
     def decoder(self):
-        """The next-token decoder of the behavior model (trainer-style full forward)."""
-        return trainer_style_decoder(self.behavior, self.tok.pad_id, self.temperature)
+        """The decode path of the behavior model: trainer-style full forwards."""
+        return TrainerStyleDecoder(self.behavior, self.tok.pad_id)
 
-    def sample(self, tasks: Sequence[Task], generator: torch.Generator) -> list[Episode]:
-        """One episode per task, tagged with the behavior version and log-probs."""
-        return run_episodes(self.decoder(), tasks, self.tok, generator, self.behavior_version, self.max_turns,
-                            env_factory=self.env_factory)  # fmt: skip
+    def sample(self, tasks: Sequence, generator: torch.Generator, spec) -> list[Episode]:
+        """One episode per task in the environment `spec`, tagged with the behavior version and log-probs."""
+        return run_episodes(self.decoder(), spec, tasks, generator, self.sampling, self.behavior_version)
 
     # -- checkpointing -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -82,9 +86,7 @@ class BehaviorSampler:
     def load_state_dict(self, state: dict) -> None:
         self.versions.clear()
         self.versions.extend(state["versions"])
-        self.behavior.load_state_dict(self.versions[0][1])
-        if self.transform is not None:
-            self.transform(self.behavior)
+        self._load_oldest()
 
 
 class OnPolicySampler(BehaviorSampler):
@@ -92,8 +94,8 @@ class OnPolicySampler(BehaviorSampler):
 
     name = "onpolicy"
 
-    def __init__(self, tok: WordTokenizer, temperature: float = 1.0, max_turns: int = 3):
-        super().__init__(tok, 0, None, temperature, max_turns)
+    def __init__(self, tok, sampling: Sampling | None = None):
+        super().__init__(tok, 0, None, sampling)
         self.version = 0
 
     def setup(self, policy, version: int = 0) -> None:
@@ -111,14 +113,14 @@ class OnPolicySampler(BehaviorSampler):
         return [self.version]
 
     def decoder(self):
-        return trainer_style_decoder(self.policy, self.tok.pad_id, self.temperature)
+        return TrainerStyleDecoder(self.policy, self.tok.pad_id)
 
-    def sample(self, tasks: Sequence[Task], generator: torch.Generator) -> list[Episode]:
+    def sample(self, tasks: Sequence, generator: torch.Generator, spec) -> list[Episode]:
         """Sample with the trainer's module in eval mode for the whole rollout, then restore its mode."""
         was_training = self.policy.training
         self.policy.eval()
         try:
-            return super().sample(tasks, generator)
+            return super().sample(tasks, generator, spec)
         finally:
             self.policy.train(was_training)
 

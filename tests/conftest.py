@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from lrl.gym import build_tokenizer, make_tasks
+from lrl.envs.tinyagent import build_tokenizer, make_tasks
 
 warnings.filterwarnings("ignore", ".*dataloader_iter.*")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -24,6 +24,28 @@ def tok():
 
 
 @pytest.fixture(scope="session")
+def spec(tok):
+    """TinyAgent's environment spec over the session's tokenizer."""
+    from lrl.envs.tinyagent import tinyagent_spec
+
+    return tinyagent_spec(tok)
+
+
+def rollout(model, tasks, spec, seed=0, version=0):
+    """Episodes of `model` on `tasks`, decoded trainer-style by the one episode loop."""
+    from lrl.decoding import TrainerStyleDecoder
+    from lrl.rollout import run_episodes
+
+    return run_episodes(
+        TrainerStyleDecoder(model, spec.tok.pad_id),
+        spec,
+        tasks,
+        torch.Generator().manual_seed(seed),
+        version=version,
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_policy(tok):
     """A fresh (untrained) tiny policy: fast, and enough for mechanics tests."""
     from lrl.policy import make_policy
@@ -35,8 +57,16 @@ def quick_cfg(**kw):
     """A small, fast Config for trainer tests."""
     from lrl.config import Config
 
-    base = dict(max_steps=3, tasks_per_step=4, episodes_per_task=4, minibatches=2, eval_every=1000,
-                eval_episodes=2, progress=False, log_dir="/tmp/lrl-test-runs")  # fmt: skip
+    base = dict(
+        max_steps=3,
+        tasks_per_step=4,
+        episodes_per_task=4,
+        minibatches=2,
+        eval_every=1000,
+        eval_episodes=2,
+        progress=False,
+        log_dir="/tmp/lrl-test-runs",
+    )
     base.update(kw)
     return Config(**base)
 
@@ -44,6 +74,6 @@ def quick_cfg(**kw):
 @pytest.fixture(scope="session")
 def format_policy(tok):
     """A policy warm-started for a few seconds: valid actions, reads sometimes, guesses: mixed rewards."""
-    from lrl.base import BaseConfig, train_base
+    from lrl.envs.tinyagent.base import BaseConfig, train_base
 
     return train_base(tok, BaseConfig(rule_steps=0, steps=40, read_prob=0.3))

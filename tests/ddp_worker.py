@@ -50,21 +50,32 @@ class Dump(L.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         weights = torch.cat([p.detach().flatten().cpu() for p in module.policy.parameters()])
-        record = {"batch": module.last_batch, "weights": weights, "history": module.history[-1]}
-        torch.save(record, self.out / f"rank{trainer.global_rank}-step{module.last_step_version}.pt")
+        step = module.last_step
+        record = {"batch": step.batch, "weights": weights, "history": module.history[-1]}
+        torch.save(record, self.out / f"rank{trainer.global_rank}-step{step.version}.pt")
 
 
 def config(steps: int, devices: int, **kw):
     from lrl.config import Config
 
-    base = dict(max_steps=steps, tasks_per_step=4, episodes_per_task=4, minibatches=2, eval_every=1000,
-                eval_episodes=1, progress=False, threads=1, devices=devices, log_dir="/tmp/lrl-test-runs")  # fmt: skip
+    base = dict(
+        max_steps=steps,
+        tasks_per_step=4,
+        episodes_per_task=4,
+        minibatches=2,
+        eval_every=1000,
+        eval_episodes=1,
+        progress=False,
+        threads=1,
+        devices=devices,
+        log_dir="/tmp/lrl-test-runs",
+    )
     return Config(**{**base, **kw})
 
 
 def main(out: str, model: str, steps: str, devices: str) -> None:
-    from lrl.cli import build_run
     from lrl.policy import load_policy
+    from lrl.run import build_run
 
     out_dir = Path(out)
     cfg = config(int(steps), int(devices), strategy="ddp" if int(devices) > 1 else "auto")

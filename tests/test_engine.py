@@ -6,24 +6,35 @@ import copy
 import pytest
 import torch
 
+from lrl.batch import collate, pad_right
 from lrl.config import Config, ConfigError
-from lrl.gym import build_tokenizer, make_tasks
+from lrl.decoding import Sampling, truncated_log_probs
+from lrl.envs.tinyagent import build_tokenizer, make_tasks, tinyagent_spec
 from lrl.policy import ModelLoadError, load_policy, make_policy, sequence_log_probs
-from lrl.rollout import collate, pad_right
+from lrl.rollout import run_episodes
 from samplers import make_sampler
-from samplers.engine import (
-    EngineSampler,
-    engine_generate,
-    engine_rollout,
-    engine_score,
-    truncated_log_probs,
-)
+from samplers.engine import EngineSampler
 from samplers.fp8 import round_fp8
+from samplers.kvcache import KVCacheDecoder, engine_generate, engine_score
 
 
 @pytest.fixture(scope="module")
 def gym_tok():
     return build_tokenizer(make_tasks("all"))
+
+
+@pytest.fixture(scope="module")
+def spec(gym_tok):
+    return tinyagent_spec(gym_tok)
+
+
+def engine_rollout(model, tasks, spec, generator, reuse_cache=True, sampling=None):
+    """Episodes decoded engine-style (KV cache) by the one episode loop."""
+    return run_episodes(KVCacheDecoder(model, spec.tok.pad_id, reuse_cache), spec, tasks, generator, sampling)
+
+
+def reads(episode) -> float:
+    return episode.metrics.get("reads", 0.0)
 
 
 def reading_policy(tok, seed=0, **size):
@@ -56,13 +67,11 @@ def trainer_logp(model, batch, batch_size):
 
 
 @pytest.mark.parametrize("reuse_cache", [True, False])
-def test_fp32_engine_matches_trainer_on_every_action_token(gym_tok, reuse_cache):
+def test_fp32_engine_matches_trainer_on_every_action_token(gym_tok, spec, reuse_cache):
     model = reading_policy(gym_tok)
     tasks = make_tasks("train")[:12]
-    episodes = engine_rollout(
-        model, tasks, gym_tok, torch.Generator().manual_seed(0), reuse_cache=reuse_cache
-    )
-    assert max(e.reads for e in episodes) >= 2  # multi-turn episodes: the cache is carried across turns
+    episodes = engine_rollout(model, tasks, spec, torch.Generator().manual_seed(0), reuse_cache=reuse_cache)
+    assert max(reads(e) for e in episodes) >= 2  # multi-turn episodes: the cache is carried across turns
     batch = collate(episodes, gym_tok.pad_id)
     on = batch["action_mask"].bool()
     full, single = trainer_logp(model, batch, len(tasks)), trainer_logp(model, batch, 1)
@@ -71,22 +80,24 @@ def test_fp32_engine_matches_trainer_on_every_action_token(gym_tok, reuse_cache)
     assert (batch["version"][on] == 0).all() and (batch["version"][~on] == -1).all()
 
 
-def test_cache_reuse_across_turns_gives_the_same_episodes(gym_tok):
+def test_cache_reuse_across_turns_gives_the_same_episodes(gym_tok, spec):
     model = reading_policy(gym_tok)
     tasks = make_tasks("train")[:8]
-    a = engine_rollout(model, tasks, gym_tok, torch.Generator().manual_seed(3), reuse_cache=True)
-    b = engine_rollout(model, tasks, gym_tok, torch.Generator().manual_seed(3), reuse_cache=False)
+    a = engine_rollout(model, tasks, spec, torch.Generator().manual_seed(3), reuse_cache=True)
+    b = engine_rollout(model, tasks, spec, torch.Generator().manual_seed(3), reuse_cache=False)
     assert [e.ids for e in a] == [e.ids for e in b]
     gap = max(abs(x - y) for e, f in zip(a, b) for x, y in zip(e.logp, f.logp))
     assert gap < 1e-5
 
 
-def test_bf16_engine_does_not_match_fp32_trainer(gym_tok):
+def test_bf16_engine_does_not_match_fp32_trainer(gym_tok, spec):
     policy = reading_policy(gym_tok)
     sampler = EngineSampler(gym_tok, dtype="bfloat16")
     sampler.setup(policy)
     assert next(sampler.behavior.parameters()).dtype == torch.bfloat16
-    batch = collate(sampler.sample(make_tasks("train")[:8], torch.Generator().manual_seed(0)), gym_tok.pad_id)
+    batch = collate(
+        sampler.sample(make_tasks("train")[:8], torch.Generator().manual_seed(0), spec), gym_tok.pad_id
+    )
     on = batch["action_mask"].bool()
     gap = (trainer_logp(policy, batch, 8) - batch["sample_logp"])[on].abs()
     assert gap.max().item() > 1e-4  # bf16 rounding is visible, unlike fp32's ~1e-7
@@ -114,19 +125,19 @@ def test_generate_is_one_prefill_then_one_position_per_sequence_per_token(gym_to
     assert counter.shapes[1:] == [(5, 1)] * 5  # the last token needs no forward
 
 
-def test_rollout_decode_steps_see_one_position_per_generated_token(gym_tok):
+def test_rollout_decode_steps_see_one_position_per_generated_token(gym_tok, spec):
     model = reading_policy(gym_tok)
     counter = PositionCounter(model)
     tasks = make_tasks("train")[:10]
-    episodes = engine_rollout(model, tasks, gym_tok, torch.Generator().manual_seed(1))
-    turns = sum(e.reads + (not e.truncated) for e in episodes)  # an action per turn
+    episodes = engine_rollout(model, tasks, spec, torch.Generator().manual_seed(1))
+    turns = sum(reads(e) + (not e.truncated) for e in episodes)  # an action per turn
     generated = sum(sum(e.generated) for e in episodes)
     decode = [s for s in counter.shapes if s[1] == 1]
     prefills = [s for s in counter.shapes if s[1] > 1]
     assert all(rows <= len(tasks) for rows, _ in counter.shapes)
     # every generated token but each action's last is fed back once, as one position of its own row
     assert sum(rows for rows, _ in decode) == generated - turns
-    assert len(prefills) == max(e.reads + (not e.truncated) for e in episodes)  # one prefill per turn
+    assert len(prefills) == max(reads(e) + (not e.truncated) for e in episodes)  # one prefill per turn
 
 
 def test_truncated_log_probs_by_hand():
@@ -140,13 +151,36 @@ def test_truncated_log_probs_by_hand():
     hot = truncated_log_probs(logits, temperature=2.0).exp()
     assert torch.allclose(hot, probs.sqrt() / probs.sqrt().sum())
     with pytest.raises(ValueError, match="top_p"):
-        truncated_log_probs(logits, top_p=0.0)
+        Sampling(top_p=0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        Sampling(top_k=-1)
 
 
-def test_top_k_one_records_the_greedy_distribution(gym_tok):
-    sampler = EngineSampler(gym_tok, top_k=1)
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.9), (5, 1.0), (5, 0.8), (20, 0.5), (3, 0.99)])
+def test_top_k_and_top_p_keep_the_set_transformers_keeps(top_k, top_p):
+    """Top-p measures the nucleus on the distribution renormalised over the top-k set, as transformers' warpers
+    (and vLLM) do; measuring it on the full distribution keeps a different set when both are on."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(top_k)) * 2.0
+    scores = logits.clone()
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    expected = torch.log_softmax(scores, -1)
+    ours = truncated_log_probs(logits, 1.0, top_p, top_k)
+    assert torch.equal(torch.isinf(ours), torch.isinf(expected))  # the same kept set in every row
+    kept = ~torch.isinf(expected)
+    assert (ours[kept] - expected[kept]).abs().max().item() < 1e-5
+
+
+def test_top_k_one_records_the_greedy_distribution(gym_tok, spec):
+    sampler = EngineSampler(gym_tok, sampling=Sampling(top_k=1))
     sampler.setup(make_policy(gym_tok))
-    batch = collate(sampler.sample(make_tasks("train")[:4], torch.Generator().manual_seed(0)), gym_tok.pad_id)
+    batch = collate(
+        sampler.sample(make_tasks("train")[:4], torch.Generator().manual_seed(0), spec), gym_tok.pad_id
+    )
     on = batch["action_mask"].bool()
     assert (batch["sample_logp"][on] == 0).all()  # mu is the truncated distribution: probability 1
 
@@ -162,7 +196,7 @@ def test_engine_score_reproduces_the_sampled_log_probs(gym_tok):
     assert (by_two - logp).abs().max().item() < 0.1
 
 
-def test_lag_fp8_and_engine_compose(gym_tok):
+def test_lag_fp8_and_engine_compose(gym_tok, spec):
     cfg = Config(sampler="engine", lag=2, engine_fp8=True, fp8_scale="tensor", engine_dtype="bfloat16")
     sampler = make_sampler(cfg, gym_tok)
     assert isinstance(sampler, EngineSampler) and sampler.name == "engine"
@@ -179,15 +213,20 @@ def test_lag_fp8_and_engine_compose(gym_tok):
     weight = sampler.behavior.model.layers[0].mlp.up_proj.weight
     expected = round_fp8(states[1]["model.layers.0.mlp.up_proj.weight"].to(torch.bfloat16), "tensor")
     assert weight.dtype == torch.bfloat16 and torch.equal(weight, expected)
-    episodes = sampler.sample(make_tasks("train")[:4], torch.Generator().manual_seed(0))
+    episodes = sampler.sample(make_tasks("train")[:4], torch.Generator().manual_seed(0), spec)
     assert {v for e in episodes for v, g in zip(e.version, e.generated) if g} == {1}
 
 
 def test_config_fields_and_their_errors():
     assert Config(sampler="engine", engine_dtype="bfloat16", top_p=0.9, top_k=5).top_k == 5
-    for bad in (dict(sampler="lagged", top_p=0.9), dict(sampler="fp8", engine_dtype="bfloat16"),
-                dict(sampler="engine", top_p=0.0), dict(sampler="engine", top_k=-1),
-                dict(sampler="engine", engine_dtype="float64"), dict(sampler="engine", fp8_scale="tensor")):  # fmt: skip
+    for bad in (
+        dict(sampler="lagged", top_p=0.9),
+        dict(sampler="fp8", engine_dtype="bfloat16"),
+        dict(sampler="engine", top_p=0.0),
+        dict(sampler="engine", top_k=-1),
+        dict(sampler="engine", engine_dtype="float64"),
+        dict(sampler="engine", fp8_scale="tensor"),
+    ):
         with pytest.raises(ConfigError):
             Config(**bad)
 
@@ -195,8 +234,15 @@ def test_config_fields_and_their_errors():
 def test_not_a_causal_lm_is_a_clear_error(gym_tok, tmp_path):
     from transformers import BertConfig, BertModel
 
-    bert = BertModel(BertConfig(vocab_size=len(gym_tok), hidden_size=16, num_hidden_layers=1,
-                                num_attention_heads=2, intermediate_size=32))  # fmt: skip
+    bert = BertModel(
+        BertConfig(
+            vocab_size=len(gym_tok),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    )
     with pytest.raises(ValueError, match="causal LM"):
         EngineSampler(gym_tok).setup(bert)
     with pytest.raises(ValueError, match="causal LM"):
@@ -229,13 +275,13 @@ def test_dtype_or_device_that_cannot_run_is_a_clear_error(gym_tok):
         EngineSampler(gym_tok, dtype="float16").setup(policy)
 
 
-def test_prompt_longer_than_the_context_is_a_clear_error(gym_tok):
+def test_prompt_longer_than_the_context_is_a_clear_error(gym_tok, spec):
     model = make_policy(gym_tok, max_position_embeddings=16)
     long_prompt = [[gym_tok.bos_id] + gym_tok.encode(make_tasks("all")[0].source)]
     with pytest.raises(ValueError, match="max_position_embeddings"):
         engine_generate(model, long_prompt, 4, torch.Generator(), gym_tok.pad_id)
     with pytest.raises(ValueError, match="context is 16"):
-        engine_rollout(model, make_tasks("train")[:2], gym_tok, torch.Generator())
+        engine_rollout(model, make_tasks("train")[:2], spec, torch.Generator())
 
 
 def test_left_padding_does_not_change_a_sequence(gym_tok):
@@ -255,12 +301,24 @@ def test_left_padding_does_not_change_a_sequence(gym_tok):
 
 
 def test_trainer_runs_on_a_lagged_bf16_engine(gym_tok):
-    from lrl.cli import build_run, fit
+    from lrl.run import build_run, fit
 
-    cfg = Config(sampler="engine", engine_dtype="bfloat16", lag=1, correction="tis", max_steps=3, tasks_per_step=2,
-                 episodes_per_task=4, minibatches=2, eval_every=1000, eval_episodes=1, progress=False, threads=1)  # fmt: skip
+    cfg = Config(
+        sampler="engine",
+        engine_dtype="bfloat16",
+        lag=1,
+        correction="tis",
+        max_steps=3,
+        tasks_per_step=2,
+        episodes_per_task=4,
+        minibatches=2,
+        eval_every=1000,
+        eval_episodes=1,
+        progress=False,
+        threads=1,
+    )
     run = build_run(cfg, logger=False, policy=reading_policy(gym_tok))
     fit(run)
     history = run.module.history
-    assert [h["offpolicy/staleness"] for h in history] == [0.0, 1.0, 1.0]  # measured from the version tags
-    assert all(0 < h["offpolicy/mismatch"] < 0.5 for h in history)  # bf16 engine vs fp32 trainer
+    assert [h["staleness/token_mean"] for h in history] == [0.0, 1.0, 1.0]  # measured from the version tags
+    assert all(0 < h["mismatch/abs_mean"] < 0.5 for h in history)  # bf16 engine vs fp32 trainer

@@ -8,11 +8,12 @@ import pytest
 import torch
 from conftest import quick_cfg
 
-from lrl.cli import build_run, fit
 from lrl.data import RolloutStream
-from lrl.gym import BugFixEnv, make_tasks
+from lrl.envs import FailureInjection
+from lrl.envs.tinyagent import BugFixEnv, make_tasks
 from lrl.losses import clipped_policy_loss, group_advantages
 from lrl.policy import selected_log_probs, sequence_log_probs
+from lrl.run import build_run, fit
 from samplers import OnPolicySampler
 
 READ, ANSWER = ["read", "<eos>"], ["answer", "3", "<eos>"]
@@ -21,11 +22,11 @@ READ, ANSWER = ["read", "<eos>"], ["answer", "3", "<eos>"]
 def failure_rate(tok, action, rate, hazard, n=4000):
     """Share of first turns that fail, over n episodes taking `action` first."""
     gen = torch.Generator().manual_seed(0)
-    env, task, fails = BugFixEnv(tok, 3, rate, hazard, gen), make_tasks("train")[0], 0
+    env, task, fails = FailureInjection(BugFixEnv(tok, 3), rate, hazard, gen), make_tasks("train")[0], 0
     for _ in range(n):
         prompt = env.reset(task)
         result = env.step([tok.id(w) for w in action])
-        fails += result.info["env_failure"]
+        fails += result.info.get("env_failure", False)
     return fails / n, len(prompt)
 
 
@@ -43,34 +44,34 @@ def test_env_fails_at_the_injected_rate_and_long_turns_fail_more(tok):
 
 
 def test_failed_step_ends_the_episode_without_a_score(tok):
-    env = BugFixEnv(tok, 3, 0.999999, 0.0, torch.Generator().manual_seed(0))
+    env = FailureInjection(BugFixEnv(tok, 3), 0.999999, 0.0, torch.Generator().manual_seed(0))
     env.reset(make_tasks("train")[0])
     result = env.step([tok.id(w) for w in ANSWER])
     assert result.done and result.info["env_failure"] and env.failed
     assert not result.info["invalid"] and not result.info["truncated"]  # not an agent failure
-    with pytest.raises(ValueError, match="failure_rate"):
-        BugFixEnv(tok, 3, 1.0, 0.0, torch.Generator())
+    with pytest.raises(ValueError, match="failure rate"):
+        FailureInjection(BugFixEnv(tok, 3), 1.0, 0.0, torch.Generator())
     with pytest.raises(ValueError, match="Generator"):
-        BugFixEnv(tok, 3, 0.1)
+        FailureInjection(BugFixEnv(tok, 3), 0.1)
 
 
-def stream(tok, policy, **kw):
+def stream(spec, policy, **kw):
     cfg = quick_cfg(**kw)
-    sampler = OnPolicySampler(tok)
+    sampler = OnPolicySampler(spec.tok)
     sampler.setup(policy)
-    return RolloutStream(sampler, make_tasks("train"), tok, cfg, torch.Generator().manual_seed(0), 100)
+    return RolloutStream(sampler, spec, cfg, torch.Generator().manual_seed(0))
 
 
-def test_no_injection_draws_nothing_and_changes_nothing(tok, format_policy):
-    s = stream(tok, format_policy)
+def test_no_injection_draws_nothing_and_changes_nothing(spec, format_policy):
+    s = stream(spec, format_policy)
     before = s.env_generator.get_state()
     batch = s.next_batch()
     assert torch.equal(s.env_generator.get_state(), before)
     assert batch["env_failure"].sum() == 0 and not s.carry
 
 
-def test_failed_episodes_get_no_gradient_and_no_advantage_and_their_tasks_come_back(tok, format_policy):
-    s = stream(tok, format_policy, env_failure_rate=0.3)
+def test_failed_episodes_get_no_gradient_and_no_advantage_and_their_tasks_come_back(tok, spec, format_policy):
+    s = stream(spec, format_policy, env_failure_rate=0.3)
     batch = s.next_batch()
     failed = batch["env_failure"].bool()
     assert 0 < failed.sum() < len(failed)
@@ -104,14 +105,20 @@ class Batches(L.Callback):
         self.rows = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.rows.append((module.last_batch, module.history[-1]))
+        self.rows.append((module.last_step.batch, module.history[-1]))
 
 
 @pytest.mark.parametrize("sampler", ["onpolicy", "engine"])
 def test_training_with_failures_logs_them_apart_at_the_injected_rate(format_policy, sampler):
     rate, rec = 0.05, Batches()
-    cfg = quick_cfg(max_steps=6, tasks_per_step=8, episodes_per_task=8, minibatches=2, env_failure_rate=rate,
-                    sampler=sampler)  # fmt: skip
+    cfg = quick_cfg(
+        max_steps=6,
+        tasks_per_step=8,
+        episodes_per_task=8,
+        minibatches=2,
+        env_failure_rate=rate,
+        sampler=sampler,
+    )
     run = build_run(cfg, logger=False, policy=copy.deepcopy(format_policy), callbacks=[rec])
     fit(run)
     fails = turns = 0.0

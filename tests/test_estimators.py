@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from lrl.estimators import (
+from lrl.experiments.estimators import (
     bias_variance,
     gradient_estimates,
     main,

@@ -8,8 +8,15 @@ from lrl.experiments.staleness import METRICS, main, markdown, summarize
 
 
 def fake(lag, corr, seed, heldout):
-    return {"sampler": "lagged", "lag": lag, "correction": corr, "lr": 5e-4, "seed": seed,
-            **{m: 0.5 for m in METRICS}, "heldout": heldout}  # fmt: skip
+    return {
+        "sampler": "lagged",
+        "lag": lag,
+        "correction": corr,
+        "lr": 5e-4,
+        "seed": seed,
+        **{m: 0.5 for m in METRICS},
+        "heldout": heldout,
+    }
 
 
 def test_summary_is_mean_and_standard_error_over_seeds():

@@ -9,8 +9,8 @@ import torch
 from conftest import quick_cfg
 
 import lrl.module
-from lrl.cli import build_run, fit
-from lrl.module import NumericalError
+from lrl.run import build_run, fit
+from lrl.update import NumericalError
 
 
 class Snapshots(L.Callback):
@@ -27,8 +27,8 @@ def corrupt_episodes(run, step: int, edit):
     """Make the sampler hand out edited episodes at the given step (0-based)."""
     sample, calls = run.sampler.sample, []
 
-    def patched(tasks, generator):
-        episodes = sample(tasks, generator)
+    def patched(tasks, generator, spec):
+        episodes = sample(tasks, generator, spec)
         if len(calls) == step:
             edit(episodes)
         calls.append(1)
@@ -39,8 +39,12 @@ def corrupt_episodes(run, step: int, edit):
 
 def run_with(format_policy, **kw):
     snaps = Snapshots()
-    run = build_run(quick_cfg(**{"max_steps": 3, **kw}), logger=False, policy=copy.deepcopy(format_policy),
-                    callbacks=[snaps])  # fmt: skip
+    run = build_run(
+        quick_cfg(**{"max_steps": 3, **kw}),
+        logger=False,
+        policy=copy.deepcopy(format_policy),
+        callbacks=[snaps],
+    )
     return run, snaps
 
 

@@ -2,8 +2,8 @@ import random
 
 import pytest
 
-from lrl.gym import N_LINES, BugFixEnv, build_tokenizer, make_tasks, random_task
-from lrl.gym.tasks import SUSPECT_OPS
+from lrl.envs.tinyagent import N_LINES, BugFixEnv, build_tokenizer, make_tasks, random_task
+from lrl.envs.tinyagent.tasks import SUSPECT_OPS
 
 
 def test_splits_are_fixed_and_disjoint():
@@ -47,8 +47,10 @@ def test_reading_reveals_the_bug_line(tok):
         assert env.step([tok.id("answer"), tok.id(str(task.answer)), tok.eos_id]).reward == 1.0
 
 
-@pytest.mark.parametrize("action", [["read", "read"], ["answer", "read", "<eos>"], ["answer", "9"], ["<eos>"],
-                                    ["answer", "3"], ["read"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "action",
+    [["read", "read"], ["answer", "read", "<eos>"], ["answer", "9"], ["<eos>"], ["answer", "3"], ["read"]],
+)
 def test_malformed_actions_end_invalid(tok, action):
     env = BugFixEnv(tok)
     env.reset(make_tasks("train")[0])
@@ -79,7 +81,7 @@ def test_tokenizer_round_trip_and_specials(tok):
 
 def test_tokenizer_save_load(tmp_path, tok):
     tok.save(tmp_path)
-    from lrl.gym import WordTokenizer
+    from lrl.tokenizers import WordTokenizer
 
     assert WordTokenizer.load(tmp_path).vocab == tok.vocab
 

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from lrl import mismatch
-from lrl.gym import build_tokenizer, make_tasks
-from lrl.mismatch_stats import abs_diff_stats, cdf_points, probability_bins, quantile, ratio_ranges
+from lrl.envs.tinyagent import build_tokenizer, make_tasks
 from lrl.policy import make_policy, save_policy
+from lrl.stats import abs_diff_stats, cdf_points, probability_bins, quantile, ratio_ranges
+from lrl.tools import mismatch
 
 
 def test_quantile_is_a_nearest_rank_by_kthvalue():
@@ -55,16 +55,34 @@ def saved_policy(tmp_path_factory):
 
 def test_tool_writes_the_table_json_and_plot(saved_policy, tmp_path, capsys):
     out = tmp_path / "mm.json"
-    argv = ["--model", str(saved_policy), "--new-tokens", "4", "--engine-batch", "1", "10", "30",
-            "--json", str(out), "--plot", str(tmp_path / "figs")]  # fmt: skip
+    argv = [
+        "--model",
+        str(saved_policy),
+        "--new-tokens",
+        "4",
+        "--engine-batch",
+        "1",
+        "10",
+        "30",
+        "--json",
+        str(out),
+        "--plot",
+        str(tmp_path / "figs"),
+    ]
     assert mismatch.main(argv) == 0
     text = capsys.readouterr().out
     assert "bf16 trainer batch 1 vs engine" in text and "p in [0.9, 1.0]" in text
     res = json.loads(out.read_text())
     names = set(res["comparisons"])
-    assert {"bf16 trainer batch 1 vs engine", "bf16 trainer batch 30 vs engine", "fp32 trainer batch 1 vs engine",
-            "bf16 trainer batch 1 vs batch 30", "fp32 trainer batch 1 vs batch 30",
-            "engine batch 1 vs batch 30", "engine batch 10 vs batch 30"} <= names  # fmt: skip
+    assert {
+        "bf16 trainer batch 1 vs engine",
+        "bf16 trainer batch 30 vs engine",
+        "fp32 trainer batch 1 vs engine",
+        "bf16 trainer batch 1 vs batch 30",
+        "fp32 trainer batch 1 vs batch 30",
+        "engine batch 1 vs batch 30",
+        "engine batch 10 vs batch 30",
+    } <= names
     for stats in res["comparisons"].values():
         assert set(stats) == {"mean", "median", "p99", "max", "max_seq_sum"}
     assert res["comparisons"]["fp32 trainer batch 1 vs batch 30"]["max"] < 1e-5
@@ -75,8 +93,23 @@ def test_tool_writes_the_table_json_and_plot(saved_policy, tmp_path, capsys):
 
 def test_fp32_engine_agrees_with_the_fp32_trainer(saved_policy, tmp_path):
     out = tmp_path / "mm.json"
-    assert mismatch.main(["--model", str(saved_policy), "--new-tokens", "4", "--engine-dtype", "float32",
-                          "--top-p", "1.0", "--json", str(out)]) == 0  # fmt: skip
+    assert (
+        mismatch.main(
+            [
+                "--model",
+                str(saved_policy),
+                "--new-tokens",
+                "4",
+                "--engine-dtype",
+                "float32",
+                "--top-p",
+                "1.0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
     assert res["comparisons"]["fp32 trainer batch 1 vs engine"]["max"] < 1e-4
 

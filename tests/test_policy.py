@@ -2,10 +2,11 @@ import json
 
 import pytest
 import torch
+from conftest import rollout
 
-from lrl.gym import make_tasks
+from lrl.batch import collate
+from lrl.envs.tinyagent import make_tasks
 from lrl.policy import ModelLoadError, load_policy, save_policy, sequence_log_probs
-from lrl.rollout import collate, run_episodes, trainer_style_decoder
 
 
 def test_policy_size_is_tiny(tiny_policy):
@@ -13,12 +14,11 @@ def test_policy_size_is_tiny(tiny_policy):
     assert 100_000 <= n <= 200_000
 
 
-def test_saved_policy_reloads_with_from_pretrained_and_same_log_probs(tmp_path, tok, tiny_policy):
+def test_saved_policy_reloads_with_from_pretrained_and_same_log_probs(tmp_path, tok, tiny_policy, spec):
     from transformers import AutoModelForCausalLM
 
     save_policy(tiny_policy, tok, tmp_path)
-    episodes = run_episodes(trainer_style_decoder(tiny_policy, tok.pad_id), make_tasks("train")[:4], tok,
-                            torch.Generator().manual_seed(0))  # fmt: skip
+    episodes = rollout(tiny_policy, make_tasks("train")[:4], spec)
     batch = collate(episodes, tok.pad_id)
     with torch.no_grad():
         before = sequence_log_probs(tiny_policy, batch["ids"], batch["attention_mask"])

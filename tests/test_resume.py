@@ -22,11 +22,41 @@ STEPS = 8
 def train_cmd(tmp: Path, history: str, *extra: str) -> list[str]:
     # a lagged sampler with TIS and injected env failures: the sampler's kept versions, the env generator and
     # the carried tasks must all come back from the checkpoint for the curves to match
-    return [sys.executable, "train.py", "--model", str(tmp / "policy"), "--max-steps", str(STEPS), "--threads", "1",
-            "--tasks-per-step", "4", "--episodes-per-task", "4", "--minibatches", "2", "--eval-every", "1000",
-            "--eval-episodes", "1", "--progress", "false", "--log-dir", str(tmp / "logs"), "--sampler", "lagged",
-            "--lag", "2", "--correction", "tis", "--env-failure-rate", "0.1", "--history-file", str(tmp / history),
-            *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "train.py",
+        "--model",
+        str(tmp / "policy"),
+        "--max-steps",
+        str(STEPS),
+        "--threads",
+        "1",
+        "--tasks-per-step",
+        "4",
+        "--episodes-per-task",
+        "4",
+        "--minibatches",
+        "2",
+        "--eval-every",
+        "1000",
+        "--eval-episodes",
+        "1",
+        "--progress",
+        "false",
+        "--log-dir",
+        str(tmp / "logs"),
+        "--sampler",
+        "lagged",
+        "--lag",
+        "2",
+        "--correction",
+        "tis",
+        "--env-failure-rate",
+        "0.1",
+        "--history-file",
+        str(tmp / history),
+        *extra,
+    ]
 
 
 def final_line(stdout: str) -> str:
@@ -43,10 +73,19 @@ def without_times(history: list[dict]) -> list[dict]:
 def test_sigkill_then_resume_gives_the_uninterrupted_curves(tmp_path, tok, format_policy):
     save_policy(format_policy, tok, tmp_path / "policy")
     ckpt = ["--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "ckpt")]
-    whole = subprocess.Popen(train_cmd(tmp_path, "whole.jsonl"), cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)  # fmt: skip
-    killed = subprocess.Popen(train_cmd(tmp_path, "resumed.jsonl", *ckpt), cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    whole = subprocess.Popen(
+        train_cmd(tmp_path, "whole.jsonl"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    killed = subprocess.Popen(
+        train_cmd(tmp_path, "resumed.jsonl", *ckpt),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     history, deadline = tmp_path / "resumed.jsonl", time.time() + 300
     while time.time() < deadline and killed.poll() is None:
         if history.exists() and len(history.read_text().splitlines()) >= 3:  # checkpoint at step 2 is written
@@ -56,8 +95,13 @@ def test_sigkill_then_resume_gives_the_uninterrupted_curves(tmp_path, tok, forma
     assert killed.wait() == -signal.SIGKILL  # killed mid-run, not a clean exit
     done_before_kill = len(read_history(history))
     assert 3 <= done_before_kill < STEPS
-    resumed = subprocess.run(train_cmd(tmp_path, "resumed.jsonl", *ckpt, "--resume", "last"), cwd=ROOT,
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    resumed = subprocess.run(
+        train_cmd(tmp_path, "resumed.jsonl", *ckpt, "--resume", "last"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole_out, _ = whole.communicate(timeout=600)
     assert whole.returncode == 0
@@ -90,8 +134,8 @@ def test_checkpoint_write_is_atomic(tmp_path):
 def test_resume_refuses_other_settings_and_bad_files(tmp_path, tok, format_policy):
     from conftest import quick_cfg
 
-    from lrl.cli import build_run, fit
     from lrl.config import ConfigError
+    from lrl.run import build_run, fit
 
     cfg = dict(max_steps=2, checkpoint_every=1, checkpoint_dir=str(tmp_path / "ck"), threads=1)
     fit(build_run(quick_cfg(**cfg), logger=False, policy=copy.deepcopy(format_policy)))
@@ -103,6 +147,9 @@ def test_resume_refuses_other_settings_and_bad_files(tmp_path, tok, format_polic
         build_run(quick_cfg(**cfg, resume=str(tmp_path / "junk.ckpt")), logger=False, policy=format_policy)
     with pytest.raises(ConfigError, match="does not exist"):
         quick_cfg(resume=str(tmp_path / "missing.ckpt"))
-    fresh = build_run(quick_cfg(**{**cfg, "checkpoint_dir": str(tmp_path / "empty")}, resume="last"), logger=False,
-                      policy=format_policy)  # fmt: skip
+    fresh = build_run(
+        quick_cfg(**{**cfg, "checkpoint_dir": str(tmp_path / "empty")}, resume="last"),
+        logger=False,
+        policy=format_policy,
+    )
     assert fresh.ckpt_path is None  # 'last' with no checkpoint yet: a new run

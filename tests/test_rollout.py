@@ -1,14 +1,14 @@
 import torch
+from conftest import rollout
 
-from lrl.gym import make_tasks
-from lrl.rollout import collate, run_episodes, trainer_style_decoder
+from lrl.batch import collate
+from lrl.envs.tinyagent import make_tasks
 
 
-def test_collate_shapes_and_masks(tok, tiny_policy):
+def test_collate_shapes_and_masks(tok, tiny_policy, spec):
     tasks = make_tasks("train")[:6]
-    episodes = run_episodes(trainer_style_decoder(tiny_policy, tok.pad_id), tasks, tok, torch.Generator().manual_seed(0),
-                            version=7)  # fmt: skip
-    batch = collate(episodes, tok.pad_id)
+    episodes = rollout(tiny_policy, tasks, spec, seed=0, version=7)
+    batch = collate(episodes, tok.pad_id, ("reads",))
     B, T = batch["ids"].shape
     assert B == 6 and T == max(len(e.ids) for e in episodes)
     for key in ("action_mask", "sample_logp", "version"):
@@ -25,11 +25,11 @@ def test_collate_shapes_and_masks(tok, tiny_policy):
         assert (batch["sample_logp"][row][on] <= 0).all() and (batch["sample_logp"][row][~on] == 0).all()
         assert not ep.generated[0]  # the prompt is never an action
     assert batch["reward"].shape == (B,) and batch["task_id"].tolist() == [t.task_id for t in tasks]
+    assert batch["env_metrics"]["reads"].tolist() == [e.metrics.get("reads", 0.0) for e in episodes]
 
 
-def test_rollouts_are_reproducible(tok, tiny_policy):
+def test_rollouts_are_reproducible(tiny_policy, spec):
     tasks = make_tasks("train")[:4]
-    dec = trainer_style_decoder(tiny_policy, tok.pad_id)
-    a = run_episodes(dec, tasks, tok, torch.Generator().manual_seed(3))
-    b = run_episodes(dec, tasks, tok, torch.Generator().manual_seed(3))
+    a = rollout(tiny_policy, tasks, spec, seed=3)
+    b = rollout(tiny_policy, tasks, spec, seed=3)
     assert [e.ids for e in a] == [e.ids for e in b]

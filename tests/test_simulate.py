@@ -13,8 +13,9 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from lrl.sim import agent_episode_durations, exponential_durations, harmonic, simulate_pipeline
+from lrl.sim.cli import main
 from lrl.sim.tables import DESIGNS, Setup, duration_lines, failure_lines, sync_lines, timeout_lines
-from lrl.simulate import agent_episode_durations, exponential_durations, harmonic, main, simulate_pipeline
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?%?")
 
@@ -390,7 +391,7 @@ def test_cli_writes_figures(tmp_path, capsys):
 
 def test_import_is_light():
     code = (
-        "import sys, lrl.simulate, lrl.estimators; "
+        "import sys, lrl.sim, lrl.experiments.estimators; "
         "assert not {'transformers', 'matplotlib', 'lightning'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import quick_cfg
 
-from lrl.cli import build_run, fit
+from lrl.run import build_run, fit
 
 
 def train(policy, **kw):
@@ -34,12 +34,14 @@ class Recorder(L.Callback):
         self.steps = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.steps.append((module.last_step_version, module.last_batch, module.last_old_logp))
+        self.steps.append((module.last_step.version, module.last_step.batch, module.last_step.old_logp))
 
 
 def test_onpolicy_staleness_is_zero_and_logps_agree(format_policy):
     rec = Recorder()
-    run = build_run(quick_cfg(max_steps=4), logger=False, policy=copy.deepcopy(format_policy), callbacks=[rec])
+    run = build_run(
+        quick_cfg(max_steps=4), logger=False, policy=copy.deepcopy(format_policy), callbacks=[rec]
+    )
     fit(run)
     assert [v for v, _, _ in rec.steps] == [0, 1, 2, 3]
     for version, batch, old_logp in rec.steps:
@@ -66,3 +68,44 @@ def test_default_run_reaches_heldout_target():
     run = build_run(Config(progress=False, log_dir="/tmp/lrl-test-runs"), logger=False)
     result = fit(run)
     assert result["pass_rate"] >= 0.8 and result["reads"] >= 0.8 and result["episodes"] >= 160
+
+
+def test_dropout_is_off_for_old_logp_and_the_update(tmp_path, tok, monkeypatch):
+    """A loaded model with dropout (gpt2's 0.1) must score old_logp and take its first minibatch without it:
+    old_logp equals the (eval-mode) sampler's log-probs at step 0, and the first ratio pi/pi_old is exactly 1."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import lrl.data
+    import lrl.module
+    from lrl.policy import save_policy
+
+    gpt = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(tok),
+            n_positions=256,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=0.1,
+            embd_pdrop=0.1,
+            attn_pdrop=0.1,
+        )
+    )
+    save_policy(gpt, tok, tmp_path / "gpt")
+    real, first = lrl.module.clipped_policy_loss, []
+
+    def recording(logp, old_logp, token_adv, mask, *args):
+        loss, stats = real(logp, old_logp, token_adv, mask, *args)
+        if not first:
+            first.append((((logp - old_logp) * mask).abs().max().item(), stats["approx_kl"].item()))
+        return loss, stats
+
+    monkeypatch.setattr(lrl.module, "clipped_policy_loss", recording)
+    # an untrained model earns no reward: give every episode an advantage so that the update runs
+    monkeypatch.setattr(
+        lrl.data, "group_advantages", lambda reward, group, valid: torch.linspace(-1, 1, len(reward))
+    )
+    run = build_run(quick_cfg(model=str(tmp_path / "gpt"), max_steps=2), logger=False, callbacks=[])
+    fit(run)
+    assert run.module.history[0]["mismatch/abs_mean"] < 1e-6
+    assert first[0][0] < 1e-6 and abs(first[0][1]) < 1e-9

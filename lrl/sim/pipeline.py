@@ -30,63 +30,10 @@ from typing import Any
 
 import torch
 
+from lrl.sim.checks import check_args, check_durations
 from lrl.sim.durations import failure_draws
 
 Event = tuple[str, int, float, float, int]  # (kind, slot, start s, end s, version); kind gen|fail|train|sync
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def check_durations(durations: Any) -> torch.Tensor:
-    """Validate episode durations: a 1-D tensor (or sequence) of finite seconds >= 0 -> 1-D tensor [N]."""
-    d = torch.as_tensor(durations)
-    if d.dim() != 1:
-        raise ValueError(f"durations must be 1-D (one duration per episode); got shape {tuple(d.shape)}")
-    if not d.is_floating_point():
-        d = d.double()
-    bad = ~torch.isfinite(d)
-    if bad.any():
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"durations must be finite; durations[{i}] is {d[i].item()}")
-    if (d < 0).any():
-        i = int((d < 0).nonzero()[0])
-        raise ValueError(f"durations must be >= 0 seconds; durations[{i}] is {d[i].item()}")
-    return d
-
-
-def check_args(
-    n_slots: int,
-    batch_size: int,
-    train_time: float,
-    sync_time: float,
-    max_staleness: int,
-    steps: int,
-    consume_max_staleness: int | None,
-    timeout: float | None,
-    failure_mtbf: float | None,
-) -> None:
-    """Raise ValueError, naming the argument, for any simulator setting out of its range."""
-    for name, value, low in [("n_slots", n_slots, 1), ("batch_size", batch_size, 1), ("steps", steps, 1)]:
-        if not _is_int(value) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
-    if not _is_int(max_staleness) or max_staleness < 0:
-        raise ValueError(f"max_staleness must be an integer >= 0; got {max_staleness!r}")
-    if consume_max_staleness is not None and (
-        not _is_int(consume_max_staleness) or consume_max_staleness < 0
-    ):
-        raise ValueError(
-            f"consume_max_staleness must be None or an integer >= 0; got {consume_max_staleness!r}"
-        )
-    for name, value in [("train_time", train_time), ("sync_time", sync_time)]:
-        if not isinstance(value, (int, float)) or not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number of seconds >= 0; got {value!r}")
-    for name, value in [("timeout", timeout), ("failure_mtbf", failure_mtbf)]:
-        if value is not None and not (
-            isinstance(value, (int, float)) and value > 0 and not math.isnan(value)
-        ):
-            raise ValueError(f"{name} must be None or a number of seconds > 0; got {value!r}")
 
 
 class _Feed:

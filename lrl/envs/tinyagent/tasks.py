@@ -16,9 +16,27 @@ SAFE_OPS = ("+", "*", "<", "==", "and", "max")
 SUSPECT_OPS = ("-", "/", ">", "!=", "or", "min")
 VARIABLES = ("a", "b", "c", "d", "n", "i", "j", "k", "x", "y", "z", "total", "count", "size", "step", "acc")
 FUNCTIONS = (
-    "parse", "scale", "merge", "clamp", "window", "score", "index", "split", "pack", "rank",
-    "shift", "blend", "count_up", "reduce", "norm", "offset", "bucket", "fold", "probe", "trim",
-)  # fmt: skip
+    "parse",
+    "scale",
+    "merge",
+    "clamp",
+    "window",
+    "score",
+    "index",
+    "split",
+    "pack",
+    "rank",
+    "shift",
+    "blend",
+    "count_up",
+    "reduce",
+    "norm",
+    "offset",
+    "bucket",
+    "fold",
+    "probe",
+    "trim",
+)
 SYMPTOMS = ("returns a wrong value", "fails the unit test", "gives an off result", "breaks on large input")
 SPLIT_SEED = 1729  # fixes the 30 evaluation tasks
 N_TRAIN, N_HELDOUT = 20, 10

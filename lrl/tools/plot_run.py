@@ -1,6 +1,6 @@
 """Plot a run's TensorBoard curves to a PNG: reward, held-out pass rate, reads, invalid actions.
 
-    python -m lrl.plot_run runs/lrl/version_0 --out docs/img/train_curve.png
+python -m lrl.tools.plot_run runs/lrl/version_0 --out docs/img/train_curve.png
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def plot_run(log_dir: str | Path, out: str | Path, title: str | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("log_dir", help="a run's folder, e.g. runs/lrl/version_0")
     parser.add_argument("--out", default="train_curve.png", help="PNG to write")
     parser.add_argument("--title", default=None)

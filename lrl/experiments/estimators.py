@@ -6,7 +6,7 @@ mismatch of growing size. Each estimate averages the weighted score-function gra
 tokens drawn from mu with a batch-mean baseline; `reps` estimates give its squared bias and its variance,
 both relative to |grad|^2. The weights are the package's own `tis_weights` and `mis_weights`.
 
-    python -m lrl.estimators      # the spec's table: sigma 0.1 to 2.0; none, full IS, TIS C=2, MIS [0.5, 5]
+    python -m lrl.experiments.estimators  # the spec's table: sigma 0.1 to 2.0; none, full IS, TIS C=2, MIS [0.5, 5]
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def table_lines(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Print the study's table; returns the exit status."""
     p = argparse.ArgumentParser(
-        prog="python -m lrl.estimators",
+        prog="python -m lrl.experiments.estimators",
         description="Bias and variance of uncorrected, full-IS, TIS and MIS policy gradients on a one-step "
         "softmax problem whose sampler has noisy logits (section 13.4).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -1,0 +1,118 @@
+"""How tokens are decoded: the Decoder protocol, the trainer-style decoder, and the sampling distribution.
+
+A decoder turns token sequences into next-token logits, one batch at a time:
+
+- ``prefill(keys, seqs)``: start a turn for the episodes ``keys`` whose token ids so far are ``seqs``;
+  returns the logits of the next token, ``[b, V]``;
+- ``step(tokens)``: append one token per row (``[b]``) and return the next logits ``[b, V]``;
+- ``keep(rows)``: only these rows (positions in the current batch) continue; the others finished their action.
+
+The trainer-style decoder is the simplest implementation: every call is one full forward over the
+right-padded sequences, exactly the computation the trainer repeats when it scores the batch. The
+engine-style decoder (``samplers.kvcache``) keeps a KV cache and decodes one position per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from lrl.batch import pad_right
+
+
+class Decoder(Protocol):
+    def prefill(self, keys: Sequence[int], seqs: Sequence[Sequence[int]]) -> torch.Tensor: ...
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+    def keep(self, rows: Sequence[int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The distribution tokens are drawn from: temperature, then top-k, then top-p (nucleus)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 is off); got {self.top_k}")
+
+    def log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """See :func:`truncated_log_probs`: logits [B, V] -> log-probs [B, V] in fp32, -inf off the kept set."""
+        return truncated_log_probs(logits, self.temperature, self.top_p, self.top_k)
+
+
+def truncated_log_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0):
+    """log-probs of the distribution sampled from, in fp32: logits [B, V] -> [B, V], -inf off the kept set.
+
+    Temperature first, then top-k (the k largest), renormalised, then top-p on that renormalised
+    distribution (the smallest set, in order of probability, whose mass reaches top_p; the most likely token
+    is always kept), then renormalisation: the order and the renormalisation of transformers' warpers.
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, V]
+    if top_k and top_k < logp.shape[-1]:
+        kth = logp.topk(top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logp = torch.log_softmax(logp.masked_fill(logp < kth, float("-inf")), dim=-1)
+    if top_p < 1:
+        sorted_logp, order = logp.sort(dim=-1, descending=True)  # [B, V]
+        mass_before = sorted_logp.exp().cumsum(-1) - sorted_logp.exp()  # mass of the more likely tokens
+        drop = torch.zeros_like(mass_before, dtype=torch.bool).scatter(-1, order, mass_before >= top_p)
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    return logp
+
+
+def sample_tokens(logp: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from exp(logp) -> (tokens [B], their log-probs [B]), on the generator's device."""
+    logp = logp.to(generator.device)
+    token = torch.multinomial(logp.exp(), 1, generator=generator)  # [B, 1]
+    return token.squeeze(1), logp.gather(1, token).squeeze(1)
+
+
+class TrainerStyleDecoder:
+    """Re-runs the full right-padded sequences at every call: the trainer's own computation, no cache."""
+
+    def __init__(self, model: torch.nn.Module, pad_id: int):
+        self.model, self.pad_id = model, pad_id
+        self.seqs: list[list[int]] = []
+        self.context = context_length(model)
+
+    def prefill(self, keys: Sequence[int], seqs: Sequence[Sequence[int]]) -> torch.Tensor:
+        self.seqs = [list(s) for s in seqs]
+        return self._forward()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        for seq, token in zip(self.seqs, tokens.tolist()):
+            seq.append(token)
+        return self._forward()
+
+    def keep(self, rows: Sequence[int]) -> None:
+        self.seqs = [self.seqs[j] for j in rows]
+
+    @torch.no_grad()
+    def _forward(self) -> torch.Tensor:
+        ids, mask = pad_right(self.seqs, self.pad_id)
+        device = next(self.model.parameters()).device
+        logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [B, T, V]
+        last = (mask.sum(-1) - 1).to(device)  # [B]
+        return logits[torch.arange(len(self.seqs), device=device), last]  # [B, V]
+
+
+def context_length(model) -> int | None:
+    """The model's context (max_position_embeddings, or n_positions), or None when it declares none."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

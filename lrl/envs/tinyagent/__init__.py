@@ -1,0 +1,66 @@
+"""TinyAgent: a bug-fixing agent gym. 30 fixed tasks (20 train, 10 held out), ``read`` and ``answer K``.
+
+Registered as the environment ``tinyagent`` (the default). Its word tokenizer is built from the tasks; any
+tokenizer that can spell the actions works (``--tokenizer``).
+"""
+
+from __future__ import annotations
+
+from lrl.envs.base import EnvSpec
+from lrl.envs.tinyagent.env import BugFixEnv
+from lrl.envs.tinyagent.tasks import N_LINES, Task, make_tasks, random_task, vocabulary_words
+from lrl.registry import ENVS
+from lrl.tokenizers import WordTokenizer
+
+
+def build_tokenizer(tasks=()) -> WordTokenizer:
+    """The gym's word tokenizer: its fixed vocabulary plus every word of `tasks`."""
+    words = set(vocabulary_words())
+    for task in tasks:
+        words.update(task.prompt.split())
+        words.update(task.source.split())
+    return WordTokenizer(words)
+
+
+def _check(cfg) -> list[str]:
+    n = len(make_tasks("train"))
+    if cfg.tasks_per_step > n:
+        return [f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of tinyagent"]
+    return []
+
+
+@ENVS.register("tinyagent", uses=("max_turns",), check=_check)
+def tinyagent(cfg, tok=None) -> EnvSpec:
+    """the TinyAgent bug-fix gym: read the source, answer the buggy line (reward 1 or 0)"""
+    return tinyagent_spec(tok, cfg.max_turns)
+
+
+def tinyagent_spec(tok=None, max_turns: int = 3) -> EnvSpec:
+    """TinyAgent's EnvSpec for a tokenizer (None: the gym's word tokenizer) and turn limit."""
+    from lrl.envs.tinyagent.base import make_rl_base
+
+    tok = tok if tok is not None else build_tokenizer(make_tasks("all"))
+    actions = ["read", *(f"answer {k}" for k in range(1, N_LINES + 1))]
+    budget = max(len(tok.encode(a)) for a in actions) + 1  # + eos
+    return EnvSpec(
+        name="tinyagent",
+        tok=tok,
+        make=lambda: BugFixEnv(tok, max_turns),
+        train_tasks=make_tasks("train"),
+        heldout_tasks=make_tasks("heldout"),
+        max_action_tokens=budget,
+        metrics=("reads",),
+        warm_start=lambda: make_rl_base(tok, verbose=True),
+    )
+
+
+__all__ = [
+    "BugFixEnv",
+    "Task",
+    "make_tasks",
+    "random_task",
+    "build_tokenizer",
+    "N_LINES",
+    "tinyagent",
+    "tinyagent_spec",
+]

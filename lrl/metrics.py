@@ -1,0 +1,81 @@
+"""The metrics of one training step, assembled as a pure function of what the step computed.
+
+:func:`step_metrics` returns ``(means, maxes)``: ``means`` maps each key to ``(value, weight)`` so that
+:meth:`lrl.distributed.Ranks.weighted_means` can reduce it exactly over ranks (the mean over all episodes or
+all tokens), ``maxes`` to a value reduced by maximum. One name per quantity, one prefix per area:
+
+- ``train/``: reward, invalid, the environment's per-episode counts (``train/reads``), ``action_tokens``
+  (generated tokens per episode), ``skipped``, and the update's loss, clip_frac, approx_kl, entropy, grad_norm;
+- ``mismatch/abs_mean``, ``mismatch/over_cap``: mean |log pi_old - log mu| over action tokens and the share
+  above the TIS cap, from the raw ratios (the monitoring callback adds the rest of the distribution);
+- ``offpolicy/``: ``masked`` (share of action tokens with weight 0), ``seq_over_cap`` and
+  ``seq_outside_band`` (share of episodes whose sequence-level ratio is above the cap / outside the MIS band);
+- ``staleness/token_mean``, ``staleness/token_max``: trainer version minus each action token's version;
+- ``time/``: sample, old_logp, update, sync (seconds); ``env/``: injected worker failures.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lrl.batch import Batch
+from lrl.stats import batch_stats, sequence_corrected_share
+
+UPDATE_KEYS = ("loss", "clip_frac", "approx_kl")  # logged as 0 for a skipped step (nothing moved)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over the mask: [B, T], [B, T] -> []."""
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def step_metrics(
+    batch: Batch, old_logp, weights, updates: list[dict] | None, version: int, cfg, times: dict[str, float]
+) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """One step's metrics as (value, weight) means and maxima; `updates` is None for a skipped step."""
+    mask = batch["action_mask"]
+    on = mask.bool()
+    valid = 1.0 - batch["env_failure"]  # [B]
+    n_valid, n_tokens = valid.sum().item(), float(on.sum())
+    lag = (version - batch["version"][on]).float()  # [N]
+    raw = batch_stats(old_logp, batch["sample_logp"], mask, weights, cfg.cap)
+    seq = sequence_corrected_share(old_logp, batch["sample_logp"], mask, cfg.cap, cfg.low, cfg.high)
+    n_seq = float(on.any(-1).sum())
+    means: dict[str, tuple[float, float]] = {
+        "train/reward": (masked_mean(batch["reward"], valid).item(), n_valid),
+        **{f"train/{k}": (masked_mean(v, valid).item(), n_valid) for k, v in batch["env_metrics"].items()},
+        "train/invalid": (masked_mean(batch["invalid"], valid).item(), n_valid),
+        "train/action_tokens": (masked_mean(mask.sum(-1), valid).item(), n_valid),
+        "train/skipped": (float(updates is None), 1.0),
+        "mismatch/abs_mean": (raw["abs_mean"], n_tokens),
+        "mismatch/over_cap": (raw["over_cap"], n_tokens),
+        "offpolicy/masked": (raw["masked"], n_tokens),
+        "offpolicy/seq_over_cap": (seq["seq_over_cap"], n_seq),
+        "offpolicy/seq_outside_band": (seq["seq_outside_band"], n_seq),
+        "staleness/token_mean": (lag.mean().item() if len(lag) else 0.0, n_tokens),
+        "time/sample": (float(batch["sample_time"]), 1.0),
+        **{f"time/{k}": (v, 1.0) for k, v in times.items()},
+    }
+    if updates:  # per-rank shares of the global minibatch means (lrl.distributed): their rank mean is exact
+        means.update(
+            {f"train/{k}": (torch.stack([u[k] for u in updates]).mean().item(), 1.0) for k in updates[0]}
+        )
+    else:  # a skipped batch: the objective is exactly 0 and nothing moved
+        means.update({f"train/{k}": (0.0, 1.0) for k in UPDATE_KEYS})
+    means.update(_env_failure_metrics(batch, valid))
+    maxes = {"staleness/token_max": float(lag.max().item()) if len(lag) else 0.0}
+    return means, maxes
+
+
+def _env_failure_metrics(batch: Batch, valid: torch.Tensor) -> dict[str, tuple[float, float]]:
+    """env/failures (share of episodes), per-turn failure rate, lengths of failed and healthy episodes."""
+    failed = batch["env_failure"]
+    n_failed, n_episodes = failed.sum().item(), float(len(failed))
+    out = {"env/failures": (n_failed / n_episodes, n_episodes)}
+    if "env_turns" in batch:
+        turns = batch["env_turns"].sum().item()
+        out["env/turns"] = (turns / n_episodes, n_episodes)
+        out["env/turn_failures"] = (n_failed / max(turns, 1.0), turns)
+    out["env/length"] = (masked_mean(batch["length"], valid).item(), valid.sum().item())
+    out["env/failed_length"] = (masked_mean(batch["length"], failed).item(), n_failed)
+    return out

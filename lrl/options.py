@@ -1,0 +1,165 @@
+"""Declaring and checking one config option: its type, default, help and bounds, in one place.
+
+``option(...)`` declares a field of :class:`lrl.config.Config`; :func:`check_field` checks a value against
+its declaration and returns the problems as messages. Plugins (``--plugins``) are imported here too, before
+anything is validated, so that what they register counts as a valid choice.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import typing
+from dataclasses import MISSING, field
+from pathlib import Path
+
+from lrl.registry import Registry, RegistryError
+
+MAX_INT = 2**31 - 1  # every integer option is bounded: a 20-digit --max-steps is refused, not overflowed
+
+
+def option(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, scope: str | None = None):
+    """A config field: default, help, and its bounds (ge/gt/le/lt), choices, or registry scope.
+
+    ``scope`` names a registry (``"sampler"``): the option is read only by the entries that list it in
+    ``uses``, and setting it away from its default for another entry is an error.
+    """
+    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "scope": scope}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def default_of(f):
+    """A Config field's default value (a fresh copy for a list)."""
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+# -- plugins ------------------------------------------------------------------------------------------
+def import_plugins(names: list[str]) -> list[str]:
+    """Import each plugin module (once); problems as messages (an import error, a name registered twice)."""
+    problems = []
+    for name in names:
+        if not isinstance(name, str) or not name:
+            problems.append(f"plugins: {name!r} is not a module name")
+            continue
+        if name in sys.modules:
+            continue
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # `python train.py` from a folder holding the plugin
+        try:
+            importlib.import_module(name)
+        except RegistryError as err:
+            sys.modules.pop(name, None)
+            problems.append(f"plugins: {name!r}: {err}")
+        except Exception as err:  # any import failure of user code is a config error, not a traceback
+            sys.modules.pop(name, None)
+            problems.append(f"plugins: cannot import {name!r} ({type(err).__name__}: {err})")
+    return problems
+
+
+# -- one field ----------------------------------------------------------------------------------------
+def accepted_types(annotation) -> tuple[type, ...]:
+    """The accepted Python types of a field annotation: int, float, str, bool, list[str], X | None."""
+    args = typing.get_args(annotation)
+    if args and typing.get_origin(annotation) is not list:  # a union such as float | None
+        return tuple(k for a in args for k in accepted_types(a))
+    return (list,) if typing.get_origin(annotation) is list else (annotation,)
+
+
+def type_name(annotation) -> str:
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "true or false",
+        list: "a list",
+        type(None): "null",
+    }
+    return " or ".join(names[k] for k in accepted_types(annotation))
+
+
+def check_field(name: str, value, annotation, meta) -> list[str]:
+    kinds = accepted_types(annotation)
+    ok = any(_is(value, k) for k in kinds)
+    if not ok:
+        return [f"{name}: {value!r} is not allowed; it must be {type_name(annotation)}"]
+    if value is None:
+        return []
+    if float in kinds and not isinstance(value, (bool, str, list)) and not _finite(value):
+        return [f"{name}: {value!r} is not allowed; it must be a finite number"]
+    if isinstance(value, str) and value == "":
+        return [
+            f"{name}: an empty "
+            + (
+                "path is not allowed; give a path or leave it unset"
+                if type(None) in kinds
+                else "value is not allowed"
+            )
+        ]
+    choices = meta.get("choices")
+    if choices is not None:
+        allowed = choices.names() if isinstance(choices, Registry) else list(choices)
+        if value not in allowed:
+            return [f"{name}: {value!r} is not allowed; choose one of {', '.join(allowed)}"]
+    tests = {
+        "ge": lambda v, b: v >= b,
+        "gt": lambda v, b: v > b,
+        "le": lambda v, b: v <= b,
+        "lt": lambda v, b: v < b,
+    }
+    if any(meta.get(key) is not None and not test(value, meta[key]) for key, test in tests.items()):
+        return [f"{name}: {value!r} is not allowed; it must be {bounds_text(meta)}"]
+    return []
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(float(value)) and abs(float(value)) < 1e308
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _is(value, kind) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is list:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind is type(None):
+        return value is None
+    return isinstance(value, kind)
+
+
+def bounds_text(meta) -> str:
+    """'> 0', 'in [0, 1)', 'in [1, 4096]' from a field's bounds."""
+    show = lambda v: str(v) if isinstance(v, int) else f"{v:g}"  # noqa: E731
+    lo = (
+        ("[", meta["ge"])
+        if meta.get("ge") is not None
+        else ("(", meta["gt"])
+        if meta.get("gt") is not None
+        else None
+    )
+    hi = (
+        ("]", meta["le"])
+        if meta.get("le") is not None
+        else (")", meta["lt"])
+        if meta.get("lt") is not None
+        else None
+    )
+    if lo and hi:
+        return f"in {lo[0]}{show(lo[1])}, {show(hi[1])}{hi[0]}"
+    if lo:
+        return f"{'>=' if lo[0] == '[' else '>'} {show(lo[1])}"
+    return f"{'<=' if hi[0] == ']' else '<'} {show(hi[1])}" if hi else "any value"
+
+
+def exists(path: str) -> bool:
+    """Path(path).exists(), False (not an exception) for names the OS cannot even look up."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):  # an embedded NUL byte, a name too long
+        return False

@@ -1,0 +1,88 @@
+"""Registries: the single source of the choices a run accepts (samplers, corrections, environments).
+
+An entry is registered next to its own code with the config keys it reads (``uses``) and, optionally, a
+``check(cfg) -> list[str]`` of problems specific to it. The config's validation, ``--help`` and the YAML
+loader list what is registered, so a user's own entry, imported as a plugin, is chosen exactly like a
+built-in one. This module imports nothing heavy; the built-in entries register when their packages are
+imported (:func:`load_builtins`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+class RegistryError(ValueError):
+    """A name registered twice, or a name that is not registered."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered choice: its factory (or function), the config keys it reads, its own checks."""
+
+    name: str
+    factory: Callable
+    uses: tuple[str, ...] = ()
+    check: Callable | None = None
+    help: str = ""
+    defaults: tuple[tuple[str, object], ...] = ()  # config values this entry sets where the user set none
+
+
+class Registry:
+    """Name -> Entry for one kind of choice (``sampler``, ``correction``, ``env``)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.entries: dict[str, Entry] = {}
+
+    def register(self, name: str, *, uses=(), check: Callable | None = None, help: str = "", defaults=None):
+        """Decorator: make `fn` available under `name`; a name registered twice is an error.
+
+        ``uses``: the config keys the entry reads; ``check(cfg) -> list[str]``: its own rules, as problems;
+        ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit).
+        """
+        if not isinstance(name, str) or not name.isidentifier():
+            raise RegistryError(f"{self.kind} name {name!r} must be an identifier (letters, digits, _)")
+
+        def add(fn):
+            if name in self.entries and self.entries[name].factory is not fn:
+                where = getattr(self.entries[name].factory, "__module__", "?")
+                raise RegistryError(f"{self.kind} {name!r} is registered twice (first by {where})")
+            doc = help or (fn.__doc__ or "").strip().split("\n")[0]
+            self.entries[name] = Entry(name, fn, tuple(uses), check, doc, tuple((defaults or {}).items()))
+            return fn
+
+        return add
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def get(self, name: str) -> Entry:
+        if name not in self.entries:
+            raise RegistryError(
+                f"{self.kind} {name!r} is not registered; choose one of {', '.join(self.entries)}"
+            )
+        return self.entries[name]
+
+    def users(self, key: str) -> list[str]:
+        """Names of the entries that read config key `key`."""
+        return [e.name for e in self.entries.values() if key in e.uses]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.entries
+
+    def __iter__(self):
+        return iter(list(self.entries))
+
+
+SAMPLERS = Registry("sampler")
+CORRECTIONS = Registry("correction")
+ENVS = Registry("env")
+
+
+def load_builtins() -> None:
+    """Import the packages whose built-in entries register themselves (idempotent)."""
+    import lrl.envs  # noqa: F401
+    import lrl.weights  # noqa: F401
+    import samplers  # noqa: F401

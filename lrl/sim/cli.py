@@ -1,0 +1,288 @@
+"""The simulator's command line: ``python -m lrl.sim`` (``python -m lrl.simulate`` is the same command).
+
+`python -m lrl.sim` prints the chapter's tables: episode durations and batch maxima, the five pipeline
+designs, a timeout, the sync cost, and the length bias of worker failures. `--extra` adds exercise 1
+(exponential durations against m H_B), exercise 2 (the bound enforced at consumption) and the staleness
+sweep of figure 13.2; `--plot DIR` writes figures 13.1 and 13.2 (and the exercises' plots) as PNG and SVG;
+`--single` simulates one configuration given by the options. See docs/simulate.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from lrl.sim.durations import agent_episode_durations
+from lrl.sim.tables import (
+    Setup,
+    consume_lines,
+    consume_rows,
+    design_lines,
+    duration_lines,
+    exponential_lines,
+    exponential_rows,
+    failure_lines,
+    sweep_lines,
+    sweep_rows,
+    sync_lines,
+    timeout_lines,
+)
+
+
+def _typed(cast, test, what: str):
+    """An argparse type: cast the text, then check it (`what` says what is expected)."""
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+POS_INT = _typed(int, lambda v: v >= 1, "an integer >= 1")
+NONNEG_INT = _typed(int, lambda v: v >= 0, "an integer >= 0")
+NONNEG_FLOAT = _typed(float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
+POS_FLOAT = _typed(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
+FRACTION = _typed(float, lambda v: 0 < v < 1, "a number strictly between 0 and 1")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every duration-model and simulator setting, with the spec's values as defaults."""
+    p = argparse.ArgumentParser(
+        prog="python -m lrl.sim",
+        description="Simulate rollout pipelines (sections 13.2, 13.3, 13.7 of the spec). Prints the spec's tables: "
+        "durations and batch maxima, five designs, a timeout, the sync cost, the failure bias. --extra adds "
+        "exercises 1 and 2 and the staleness sweep, --plot DIR writes the figures, --single runs one "
+        "configuration given by the options.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("episode durations (section 13.2)")
+    g.add_argument(
+        "--seed", type=int, default=0, help="seed of the torch CPU generator the durations come from"
+    )
+    g.add_argument(
+        "--n-durations", type=POS_INT, default=65_536, help="durations drawn (the pool every run uses)"
+    )
+    g.add_argument(
+        "--mean-turns", type=_typed(float, lambda v: v > 1, "a number > 1"), default=8, help="mean turns"
+    )
+    g.add_argument("--max-turns", type=POS_INT, default=40, help="turns are capped at this")
+    g.add_argument(
+        "--tokens-per-turn",
+        type=NONNEG_FLOAT,
+        nargs=2,
+        default=[100, 600],
+        metavar=("LOW", "HIGH"),
+        help="tokens per turn are uniform in [LOW, HIGH)",
+    )
+    g.add_argument("--decode-rate", type=POS_FLOAT, default=40.0, help="per-sequence decode rate (tokens/s)")
+    g.add_argument("--tool-median", type=POS_FLOAT, default=2.0, help="median tool latency per turn (s)")
+    g.add_argument(
+        "--tool-sigma", type=NONNEG_FLOAT, default=1.0, help="log-normal sigma of the tool latency"
+    )
+    g.add_argument(
+        "--batch-sizes",
+        type=POS_INT,
+        nargs="+",
+        default=[8, 64, 512],
+        help="batch sizes whose expected slowest episode is printed",
+    )
+    g = p.add_argument_group("pipeline (section 13.3)")
+    g.add_argument("--slots", type=POS_INT, default=64, help="generation slots (concurrent episodes)")
+    g.add_argument("--batch-size", type=POS_INT, default=64, help="episodes per training step")
+    g.add_argument("--train-time", type=NONNEG_FLOAT, default=60.0, help="seconds per training step")
+    g.add_argument(
+        "--sync-time", type=NONNEG_FLOAT, default=10.0, help="seconds per weight sync (pauses generation)"
+    )
+    g.add_argument("--steps", type=POS_INT, default=20, help="training steps simulated")
+    g = p.add_argument_group("section 13.7")
+    g.add_argument(
+        "--timeout-quantile", type=FRACTION, default=0.95, help="timeout at this duration quantile"
+    )
+    g.add_argument(
+        "--sync-times", type=NONNEG_FLOAT, nargs="+", default=[1.0, 10.0, 60.0], help="sync costs (s)"
+    )
+    g.add_argument(
+        "--sync-eta", type=NONNEG_INT, default=2, help="staleness bound of the async row of the sync table"
+    )
+    g.add_argument(
+        "--failure-mtbf",
+        type=POS_FLOAT,
+        default=None,
+        help="seconds per worker failure (constant hazard); tables default to 2000; with --single, "
+        "failures are simulated only if given",
+    )
+    g.add_argument("--failure-seed", type=int, default=1, help="seed of the failure draws")
+    g = p.add_argument_group("extras")
+    g.add_argument(
+        "--extra", action="store_true", help="also print exercise 1, exercise 2 and the staleness sweep"
+    )
+    g.add_argument("--etas", type=NONNEG_INT, nargs="+", default=list(range(9)), help="bounds of the sweeps")
+    g.add_argument(
+        "--exp-mean", type=POS_FLOAT, default=96.0, help="exercise 1: mean exponential duration (s)"
+    )
+    g.add_argument("--exp-steps", type=POS_INT, default=200, help="exercise 1: steps per batch size")
+    g.add_argument(
+        "--exp-batch-sizes",
+        type=POS_INT,
+        nargs="+",
+        default=[1, 8, 64, 512],
+        help="exercise 1: batch sizes (slots = B)",
+    )
+    g.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="write figures 13.1 and 13.2 (with --extra also the exercises' plots) here, as PNG and SVG",
+    )
+    g.add_argument("--timeline-slots", type=POS_INT, default=8, help="figure 13.1: slots = episodes per step")
+    g.add_argument("--timeline-steps", type=POS_INT, default=4, help="figure 13.1: steps drawn")
+    g.add_argument(
+        "--timeline-eta", type=NONNEG_INT, default=1, help="figure 13.1: bound of the async pipeline"
+    )
+    g = p.add_argument_group("one configuration (--single)")
+    g.add_argument("--single", action="store_true", help="simulate one configuration instead of the tables")
+    g.add_argument(
+        "--max-staleness", type=NONNEG_INT, default=0, help="generation throttle eta (batches ahead)"
+    )
+    g.add_argument(
+        "--drain", action="store_true", help="drain in-flight episodes before each sync (no partial rollouts)"
+    )
+    g.add_argument(
+        "--consume-max-staleness",
+        type=NONNEG_INT,
+        default=None,
+        help="the trainer drops episodes staler than this (exercise 2)",
+    )
+    g.add_argument("--timeout", type=POS_FLOAT, default=None, help="truncate durations to this many seconds")
+    return p
+
+
+def _durations(args: argparse.Namespace) -> torch.Tensor:
+    """The pool of durations every run shares -> [n_durations] seconds."""
+    return agent_episode_durations(
+        args.n_durations,
+        torch.Generator().manual_seed(args.seed),
+        mean_turns=args.mean_turns,
+        max_turns=args.max_turns,
+        tokens_per_turn=tuple(args.tokens_per_turn),
+        decode_rate=args.decode_rate,
+        tool_median=args.tool_median,
+        tool_sigma=args.tool_sigma,
+    )
+
+
+def single_lines(durations: torch.Tensor, setup: Setup, args: argparse.Namespace) -> list[str]:
+    """One configuration's summary, staleness histogram included."""
+    gen = torch.Generator().manual_seed(args.failure_seed)
+    r = setup.run(
+        durations,
+        max_staleness=args.max_staleness,
+        interrupt=not args.drain,
+        consume_max_staleness=args.consume_max_staleness,
+        timeout=args.timeout,
+        failure_mtbf=args.failure_mtbf,
+        failure_generator=gen,
+        keep_events=False,
+    )
+    hist = ", ".join(f"{k}: {c}" for k, c in enumerate(r["staleness_hist"]) if c)
+    return [
+        f"simulated time            {r['time']:.1f} s",
+        f"throughput                {r['throughput']:.1f} trained episodes/hour",
+        f"slot utilization          {r['gen_util']:.3f}",
+        f"staleness mean, max       {r['staleness_mean']:.3f}, {r['staleness_max']}",
+        f"staleness histogram       {hist}",
+        f"trained episode mean      {r['trained_duration']:.1f} s",
+        f"episodes started/trained  {r['started']} / {r['trained']}",
+        f"discarded (too stale)     {r['discarded']}",
+        f"failed                    {r['failed']} (mean full length {r['failed_duration']:.1f} s)",
+        f"truncated by the timeout  {r['truncated']}",
+        f"events                    {r['n_events']}",
+    ]
+
+
+def table_sections(durations: torch.Tensor, setup: Setup, args: argparse.Namespace) -> list[list[str]]:
+    """The spec's tables, in its order, each a list of lines."""
+    return [
+        duration_lines(durations, args.batch_sizes),
+        design_lines(durations, setup),
+        timeout_lines(durations, setup, args.timeout_quantile),
+        sync_lines(durations, setup, args.sync_times, args.sync_eta),
+        failure_lines(durations, args.failure_mtbf or 2000.0, args.failure_seed),
+    ]
+
+
+def write_figures(durations: torch.Tensor, setup: Setup, args: argparse.Namespace, extras: dict) -> list:
+    """Figures 13.1 and 13.2 (and the exercises' plots when their rows exist) -> written paths."""
+    from lrl.sim import figures
+
+    n, steps = args.timeline_slots, args.timeline_steps
+    small = Setup(n, n, setup.train_time, setup.sync_time, steps)
+    runs = [
+        ("synchronous (eta = 0)", small.run(durations, max_staleness=0)),
+        (
+            f"asynchronous, eta = {args.timeline_eta}, partial rollouts",
+            small.run(durations, max_staleness=args.timeline_eta),
+        ),
+    ]
+    paths = figures.plot_timelines(runs, n, steps, args.plot)
+    rows = extras.get("sweep") or sweep_rows(durations, setup, args.etas)
+    title = (
+        f"{setup.n_slots} slots, {setup.batch_size} episodes per step, {setup.train_time:g} s training, "
+        f"{setup.sync_time:g} s sync, {setup.steps} steps"
+    )
+    paths += figures.plot_staleness_throughput(rows, title, args.plot)
+    if "consume" in extras:
+        paths += figures.plot_consume(extras["consume"], title, args.plot)
+    if "exponential" in extras:
+        exp_title = f"exponential durations, mean {args.exp_mean:g} s, {args.exp_steps} steps per point"
+        fixed = setup.train_time + setup.sync_time
+        paths += figures.plot_exponential(extras["exponential"], args.exp_mean, fixed, exp_title, args.plot)
+    for name, r in runs:
+        print(f"figure 13.1, {name}: {steps} steps in {r['time']:.1f} s")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    low, high = args.tokens_per_turn
+    if low > high:
+        parser.error(f"--tokens-per-turn: LOW must be <= HIGH; got {low:g} > {high:g}")
+    setup = Setup(args.slots, args.batch_size, args.train_time, args.sync_time, args.steps)
+    try:
+        durations = _durations(args)
+        if args.single:
+            print("\n".join(single_lines(durations, setup, args)))
+            return 0
+        for lines in table_sections(durations, setup, args):
+            print("\n".join(lines) + "\n")
+        extras: dict = {}
+        if args.extra:
+            extras["exponential"] = exponential_rows(
+                args.exp_mean,
+                args.exp_batch_sizes,
+                Setup(1, 1, setup.train_time, setup.sync_time, args.exp_steps),
+            )
+            extras["consume"] = consume_rows(durations, setup, args.etas)
+            extras["sweep"] = sweep_rows(durations, setup, args.etas)
+            print("\n".join(exponential_lines(extras["exponential"], args.exp_mean, args.exp_steps)) + "\n")
+            print("\n".join(consume_lines(extras["consume"])) + "\n")
+            print("\n".join(sweep_lines(extras["sweep"])) + "\n")
+        if args.plot:
+            for path in write_figures(durations, setup, args, extras):
+                print(f"wrote {path}")
+    except ValueError as err:
+        parser.error(str(err))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""Measure the training-inference mismatch of a model: engine-style sampling vs trainer-style recomputation.
+
+    python -m lrl.mismatch                              # the TinyAgent RL base, 30 gym prompts, 32 new tokens
+    python -m lrl.mismatch --model DIR --engine-batch --fp32-head --json out.json --plot figs/
+
+For each of the 30 gym tasks the prompt is the task's prompt, a ``read`` action and the source it shows,
+i.e. the point where the agent must name the buggy line. The engine (``samplers.engine``: left-padded
+batch, KV cache, one decode step per token, in ``--engine-dtype``) samples ``--new-tokens`` tokens per
+prompt and records their log-probs mu. The trainer then recomputes the same tokens' log-probs the way a
+trainer does (one full forward over right-padded prompt + continuation) in bf16 and in fp32, scoring
+``--trainer-batch`` sequences per forward. Trainer-vs-engine rows measure the whole mismatch;
+trainer-vs-trainer rows isolate batch composition; ``--engine-batch`` rescoring the engine's tokens in
+decode batches of 1, 10 and 30 isolates the engine's own batch dependence. ``--fp32-head`` keeps the LM
+head in fp32 on the low-precision models (log-softmax is always fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from lrl.policy import continuation_log_probs, with_fp32_head
+from lrl.stats import PROBABILITY_BINS, cdf_points, compare, probability_bins, ratio_ranges
+
+SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def gym_prompts(tok, tasks) -> list[list[int]]:
+    """Per task: <bos> prompt, the action `read <eos>`, then the source it reveals -> token ids."""
+    read = [tok.id("read"), tok.eos_id]
+    return [[tok.bos_id] + tok.encode(t.prompt) + read + tok.encode(t.source) for t in tasks]
+
+
+def ragged(prompts: list[list[int]], spread: int = 13) -> list[list[int]]:
+    """Cut prompt i short by i % spread tokens: unequal lengths, so batching needs left padding."""
+    return [p[: len(p) - i % spread] for i, p in enumerate(prompts)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m lrl.mismatch",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--model", help="local save_pretrained directory of a causal LM (default: the TinyAgent RL base)"
+    )
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens sampled per prompt")
+    p.add_argument("--engine-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument(
+        "--trainer-batch",
+        type=int,
+        nargs="+",
+        default=[1, 0],
+        help="sequences per trainer forward; 0 means all prompts in one batch",
+    )
+    p.add_argument(
+        "--engine-batch",
+        type=int,
+        nargs="*",
+        default=None,
+        help="also rescore the engine's tokens in these decode batch sizes (bare flag: 1 10 30)",
+    )
+    p.add_argument(
+        "--ragged",
+        action="store_true",
+        help="cut the prompts to unequal lengths (the gym's are all equal), so batches are padded",
+    )
+    p.add_argument("--fp32-head", action="store_true", help="LM head in fp32 on the low-precision models")
+    p.add_argument(
+        "--top-p", type=float, default=1.0, help="engine nucleus sampling (mu is the truncated one)"
+    )
+    p.add_argument("--top-k", type=int, default=0, help="engine top-k sampling (0: off)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--json", help="write the results to this JSON file")
+    p.add_argument(
+        "--plot", help="write mismatch.png (CDF of |d|, mean |d| by probability bin) to this folder"
+    )
+    return p
+
+
+def load_model(path: str | None, device: str):
+    """The fp32 model and its gym tokenizer: a local directory, or the cached TinyAgent RL base."""
+    from lrl.envs.tinyagent import build_tokenizer, make_tasks
+    from lrl.policy import load_policy
+
+    tok = build_tokenizer(make_tasks("all"))
+    if path is None:
+        from lrl.envs.tinyagent.base import make_rl_base
+
+        model = make_rl_base(tok, verbose=True)
+    else:
+        model, model_tok = load_policy(path, tok)  # ModelLoadError (a ValueError) names the problem
+        tok = model_tok or tok
+    return model.to(device).float().eval(), tok
+
+
+def measure(model, tok, args) -> dict:
+    """Sample engine-style, recompute trainer-style, compare -> the results dict (see --json)."""
+    from lrl.envs.tinyagent import make_tasks
+    from samplers.engine import check_device_dtype, engine_dtype
+    from samplers.kvcache import engine_generate, engine_score
+
+    dtype = engine_dtype(args.engine_dtype)
+    prompts = gym_prompts(tok, make_tasks("all"))
+    if args.ragged:
+        prompts = ragged(prompts)
+    n_prompts = len(prompts)
+
+    def low(d):
+        m = copy.deepcopy(model).to(d)
+        return with_fp32_head(m, model) if args.fp32_head and d != torch.float32 else m
+
+    models = {torch.float32: model, torch.bfloat16: low(torch.bfloat16)}
+    if dtype not in models:
+        models[dtype] = low(dtype)
+    engine = models[dtype]
+    check_device_dtype(engine, args.device, dtype)
+    kw = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    start = time.perf_counter()
+    new_ids, engine_logp = engine_generate(
+        engine, prompts, args.new_tokens, torch.Generator().manual_seed(args.seed), tok.pad_id, **kw
+    )
+    timings = {"engine_s": time.perf_counter() - start}
+    batches = sorted({b if b > 0 else n_prompts for b in args.trainer_batch})
+    scores = {}
+    start = time.perf_counter()
+    for d in (torch.bfloat16, torch.float32):
+        for b in batches:
+            scores[(d, b)] = continuation_log_probs(
+                models[d], prompts, new_ids, tok.pad_id, b, args.temperature
+            )
+    timings["trainer_s"] = time.perf_counter() - start
+    comparisons = {}
+    for d in (torch.bfloat16, torch.float32):
+        for b in batches:
+            comparisons[f"{SHORT[d]} trainer batch {b} vs engine"] = scores[(d, b)] - engine_logp
+    for d in (torch.bfloat16, torch.float32):
+        for b in batches[:-1]:
+            comparisons[f"{SHORT[d]} trainer batch {b} vs batch {batches[-1]}"] = (
+                scores[(d, b)] - scores[(d, batches[-1])]
+            )
+    if args.engine_batch is not None:
+        sizes = sorted(set(args.engine_batch or [1, 10, n_prompts]))
+        rescored = {b: engine_score(engine, prompts, new_ids, tok.pad_id, batch_size=b, **kw) for b in sizes}
+        for b in sizes[:-1]:
+            comparisons[f"engine batch {b} vs batch {sizes[-1]}"] = rescored[b] - rescored[sizes[-1]]
+    headline = f"{SHORT[torch.bfloat16]} trainer batch {batches[0]} vs engine"
+    return {
+        "model": args.model or "TinyAgent RL base",
+        "engine_dtype": SHORT[dtype],
+        "fp32_head": args.fp32_head,
+        "ragged": args.ragged,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "prompts": n_prompts,
+        "new_tokens": args.new_tokens,
+        "tokens": int(engine_logp.numel()),
+        "comparisons": {name: compare(d, torch.zeros_like(d)) for name, d in comparisons.items()},
+        "headline": headline,
+        "bins": probability_bins(engine_logp, comparisons[headline]),
+        "bins_by_comparison": {name: probability_bins(engine_logp, d) for name, d in comparisons.items()},
+        "ratios": ratio_ranges(comparisons[headline]),
+        "ratios_by_comparison": {name: ratio_ranges(d) for name, d in comparisons.items()},
+        "timings": timings,
+        "_diffs": comparisons,
+        "_engine_logp": engine_logp,
+    }
+
+
+def report(res: dict) -> str:
+    """The comparison table, the probability-bin table and the ratio ranges, as text."""
+    width = max(len(n) for n in res["comparisons"]) + 2
+    lines = [
+        f"{res['model']} | engine {res['engine_dtype']} | fp32 head {res['fp32_head']} | ragged {res['ragged']}"
+        f" | top-p {res['top_p']}"
+        f" | top-k {res['top_k']} | {res['prompts']} prompts x {res['new_tokens']} tokens = {res['tokens']}"
+    ]
+    lines.append(
+        f"{'comparison':<{width}}{'mean|d|':>10}{'median':>10}{'p99':>10}{'max':>10}{'max|seq sum|':>14}"
+    )
+    for name, s in res["comparisons"].items():
+        lines.append(
+            f"{name:<{width}}{s['mean']:>10.2e}{s['median']:>10.2e}{s['p99']:>10.2e}{s['max']:>10.2e}"
+            f"{s['max_seq_sum']:>14.3f}"
+        )
+    lines.append("")
+    lines.append(f"{res['headline']}, by the engine's probability of the sampled token:")
+    for b in res["bins"]:
+        close = "]" if b["hi"] == PROBABILITY_BINS[-1][1] else ")"
+        lines.append(
+            f"  p in [{b['lo']:.1f}, {b['hi']:.1f}{close}  {b['count']:5d} tokens  mean |d| {b['mean_abs']:.2e}"
+        )
+    r = res["ratios"]
+    lines.append(
+        f"token ratios pi/mu: [{r['token_min']:.4f}, {r['token_max']:.4f}]   "
+        f"sequence ratios: [{r['seq_min']:.4f}, {r['seq_max']:.4f}]"
+    )
+    return "\n".join(lines)
+
+
+def plot(res: dict, folder: str | Path) -> Path:
+    """Two panels: the CDF of |d| per comparison (log x), and mean |d| per engine-probability bin."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6))
+    styles = ["-", "--", ":", "-."]
+    for i, (name, d) in enumerate(res["_diffs"].items()):
+        x, f = cdf_points(d)
+        zero = float((d == 0).float().mean())
+        label = f"{name} ({zero:.1%} exactly 0)" if zero else name
+        keep = x > 0  # exact zeros have no place on a log axis; the curve starts at their share
+        left.plot(x[keep], f[keep], styles[i % len(styles)], label=label, lw=1.5, drawstyle="steps-post")
+    left.set_xscale("log")
+    left.set_xlabel("|log pi - log mu| (nats)")
+    left.set_ylabel("fraction of tokens at or below")
+    left.set_title(f"CDF of the per-token mismatch ({res['tokens']} tokens)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    names = [n for n in res["bins_by_comparison"] if n.endswith("vs engine")]
+    labels = [
+        f"[{lo:.1f}, {hi:.1f}{']' if i == len(PROBABILITY_BINS) - 1 else ')'}"
+        for i, (lo, hi) in enumerate(PROBABILITY_BINS)
+    ]
+    bar = 0.8 / max(len(names), 1)
+    for j, name in enumerate(names):
+        vals = [b["mean_abs"] if b["count"] else float("nan") for b in res["bins_by_comparison"][name]]
+        right.bar([i + j * bar for i in range(len(labels))], vals, bar, label=name)
+    counts = [b["count"] for b in res["bins"]]
+    right.set_xticks([i + bar * (len(names) - 1) / 2 for i in range(len(labels))])
+    right.set_xticklabels([f"{lab}\n{c} tok" for lab, c in zip(labels, counts)])
+    right.set_xlabel("engine probability of the sampled token")
+    right.set_yscale("log")
+    right.set_ylabel("mean |log pi - log mu| (nats, log scale)")
+    right.set_title("mismatch by engine probability")
+    right.grid(alpha=0.3, axis="y")
+    right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    fig.suptitle(f"{res['model']}: engine {res['engine_dtype']}, fp32 head {res['fp32_head']}", fontsize=10)
+    fig.tight_layout()
+    path = folder / "mismatch.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        if args.new_tokens < 1:
+            raise ValueError(f"--new-tokens must be >= 1; got {args.new_tokens}")
+        if any(b < 0 for b in args.trainer_batch) or any(b < 1 for b in args.engine_batch or []):
+            raise ValueError("batch sizes must be >= 1 (0 means all prompts, for --trainer-batch only)")
+        from samplers.engine import check_device, engine_dtype
+
+        check_device(args.device, engine_dtype(args.engine_dtype))
+        model, tok = load_model(args.model, args.device)
+        res = measure(model, tok, args)
+    except ValueError as err:  # bad model path, dtype/device, context length, sampling option
+        print(f"lrl.mismatch: error: {err}", file=sys.stderr)
+        return 2
+    print(report(res))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(
+            json.dumps({k: v for k, v in res.items() if not k.startswith("_")}, indent=2)
+        )
+        print(f"wrote {args.json}")
+    if args.plot:
+        print(f"wrote {plot(res, args.plot)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Supervised warm starts on demonstrations, and the on-disk cache of the policies they build.
+
+An environment that ships an RL base (TinyAgent: ``lrl.envs.tinyagent.base``) draws demonstrations, each a
+token list and a per-token loss flag, and :func:`fit_demonstrations` trains a fresh policy on them; the
+result is kept in :func:`cache_dir` under a key of everything that determines it, written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from lrl.batch import pad_right
+from lrl.policy import load_policy, save_policy
+
+Demo = tuple[list[int], list[bool]]  # token ids and a loss flag per token
+
+
+def cache_dir() -> Path:
+    """Where built bases are kept: $LRL_CACHE, else $XDG_CACHE_HOME/lrl, else ~/.cache/lrl."""
+    if os.environ.get("LRL_CACHE"):
+        return Path(os.environ["LRL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lrl"
+
+
+def tokenizer_fingerprint(tok) -> list:
+    """What identifies a tokenizer's ids, for cache keys: the word list, or the transformers vocabulary."""
+    if hasattr(tok, "vocab") and isinstance(tok.vocab, list):
+        return tok.vocab
+    hf = tok.hf
+    return sorted(hf.get_vocab().items()) + [getattr(hf, "chat_template", None) or ""]
+
+
+@contextmanager
+def fixed_threads(n: int):
+    """Run the block on exactly `n` torch threads: float reduction order depends on the thread count, so a
+    cached policy must not depend on the run's own --threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def fit_demonstrations(
+    model: torch.nn.Module,
+    draw: Callable[[int], list[Demo]],
+    steps: int,
+    lr: float,
+    pad_id: int,
+    log_every: int = 0,
+) -> torch.nn.Module:
+    """Adam on the flagged tokens' cross-entropy, `steps` batches of `draw(step)` -> the model in eval mode."""
+    model.train()
+    adam = torch.optim.Adam(model.parameters(), lr)
+    start = time.time()
+    for step in range(steps):
+        demos = draw(step)
+        ids, attention = pad_right([d[0] for d in demos], pad_id)  # [B, T]
+        loss_mask, _ = pad_right([[float(x) for x in d[1]] for d in demos], 0)
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [B, T-1, V]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        weight = loss_mask[:, 1:].float()
+        loss = (nll * weight).sum() / weight.sum()
+        adam.zero_grad()
+        loss.backward()
+        adam.step()
+        if log_every and step % log_every == 0:
+            print(
+                f"warm start step {step:4d} | loss {loss.item():.4f} | {time.time() - start:.1f} s",
+                flush=True,
+            )
+    return model.eval()
+
+
+def cached_policy(
+    name: str, tok, build: Callable[[], torch.nn.Module], cache: bool = True, verbose: bool = False
+) -> torch.nn.Module:
+    """The policy cached as `name` in cache_dir(), or `build()` once and save it there atomically."""
+    path = cache_dir() / name
+    if cache and (path / "config.json").exists():
+        return load_policy(path, tok)[0]
+    if verbose:
+        print(f"building the RL base (one time, cached in {path})", flush=True)
+    model = build()
+    if cache:
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        save_policy(model, tok, tmp)
+        try:
+            tmp.rename(path)
+        except OSError:  # another process finished first: keep its copy
+            shutil.rmtree(tmp, ignore_errors=True)
+    return model
