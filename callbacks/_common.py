@@ -69,7 +69,8 @@ class RunningMean:
     """A weighted mean over the fit that survives a resume (its two numbers go into the checkpoint)."""
 
     def __init__(self):
-        self.total, self.weight = 0.0, 0.0
+        self.total = 0.0
+        self.weight = 0.0
 
     def update(self, value: float, weight: float) -> float:
         self.total += value * weight
@@ -80,4 +81,5 @@ class RunningMean:
         return {"total": self.total, "weight": self.weight}
 
     def load_state_dict(self, state: dict) -> None:
-        self.total, self.weight = state["total"], state["weight"]
+        self.total = state["total"]
+        self.weight = state["weight"]

@@ -36,12 +36,15 @@ class HealthCheck(L.Callback):
         super().__init__()
         if not threshold > 0 or not threshold_p99 > 0:
             raise ValueError(f"thresholds must be > 0; got {threshold}, {threshold_p99}")
-        self.threshold, self.threshold_p99, self.strict = threshold, threshold_p99, strict
+        self.threshold = threshold
+        self.threshold_p99 = threshold_p99
+        self.strict = strict
         self.done = False
         self.measured: dict[str, float] | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        self.done, self.measured = False, None
+        self.done = False
+        self.measured = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.done:
@@ -50,8 +53,10 @@ class HealthCheck(L.Callback):
         if record is None:
             return
         self.done = True
-        batch, old_logp = record.batch, record.old_logp
-        mask, now = batch["action_mask"].bool(), record.version
+        batch = record.batch
+        old_logp = record.old_logp
+        mask = batch["action_mask"].bool()
+        now = record.version
         versions = batch["version"][mask]
         if versions.numel() == 0 or bool((versions != now).any()):
             rank_zero_warn(

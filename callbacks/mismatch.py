@@ -38,8 +38,11 @@ class MismatchMonitor(L.Callback):
         super().__init__()
         if histogram_every < 1:
             raise ValueError(f"histogram_every must be >= 1; got {histogram_every}")
-        self.cap, self.low, self.high = cap, low, high
-        self.histogram_every, self.prog_bar = histogram_every, prog_bar
+        self.cap = cap
+        self.low = low
+        self.high = high
+        self.histogram_every = histogram_every
+        self.prog_bar = prog_bar
         self.run_mean = RunningMean()
         self.window: list[torch.Tensor] = []  # log ratios waiting for the next histogram
         self.batches = 0
@@ -54,7 +57,8 @@ class MismatchMonitor(L.Callback):
         record = published(pl_module, "MismatchMonitor")
         if record is None:
             return
-        ranks, b = Ranks.of(pl_module), record.batch
+        ranks = Ranks.of(pl_module)
+        b = record.batch
         on = b["action_mask"].bool()
         d = (record.old_logp.detach().float() - b["sample_logp"].float()) * on  # [B, T-1], 0 off the actions
         log_ratio = ranks.gather(d[on])  # [N] over every rank

@@ -44,8 +44,10 @@ class StalenessMonitor(L.Callback):
         record = published(pl_module, "StalenessMonitor")
         if record is None:
             return
-        ranks, b = Ranks.of(pl_module), record.batch
-        mask, version = b["action_mask"], b["version"]
+        ranks = Ranks.of(pl_module)
+        b = record.batch
+        mask = b["action_mask"]
+        version = b["version"]
         tok = ranks.gather(token_staleness(version, mask, record.version).float())  # [N]
         ep = ranks.gather(episode_staleness(version, mask, record.version).float())  # [B']
         trained = ((record.weights.detach() != 0) & mask.bool()).any(-1)  # [B]
@@ -76,7 +78,8 @@ class StalenessMonitor(L.Callback):
             for tag, parts in (("staleness/token", self.tokens), ("staleness/episode", self.episodes)):
                 values = torch.cat(parts)
                 writer.add_histogram(tag, values, step, bins=integer_bins(values))
-            self.tokens, self.episodes = [], []
+            self.tokens = []
+            self.episodes = []
 
     def state_dict(self) -> dict:
         return {"run_mean": self.run_mean.state_dict(), "batches": self.batches}

@@ -101,7 +101,8 @@ def _flag_type(annotation):
 
 
 def _help(f) -> str:
-    meta, text = f.metadata, f.metadata["help"]
+    meta = f.metadata
+    text = f.metadata["help"]
     choices = meta.get("choices")
     if isinstance(choices, Registry):
         text += f"; one of: {', '.join(choices.names())}"

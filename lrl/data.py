@@ -51,7 +51,10 @@ class RolloutStream:
         generator: torch.Generator,
         env_generator: torch.Generator | None = None,
     ):
-        self.sampler, self.spec, self.tasks, self.cfg = sampler, spec, list(spec.train_tasks), cfg
+        self.sampler = sampler
+        self.spec = spec
+        self.tasks = list(spec.train_tasks)
+        self.cfg = cfg
         self.generator = generator
         self.env_generator = (
             env_generator if env_generator is not None else torch.Generator().manual_seed(cfg.seed + 2)
@@ -68,13 +71,15 @@ class RolloutStream:
         step all the same, so the stream's randomness does not depend on when failures happen.
         """
         perm = torch.randperm(len(self.tasks), generator=self.generator).tolist()
-        carried, self.carry = self.carry[: self.tasks_per_step], self.carry[self.tasks_per_step :]
+        carried = self.carry[: self.tasks_per_step]
+        self.carry = self.carry[self.tasks_per_step :]
         picks = carried + [i for i in perm if i not in carried][: self.tasks_per_step - len(carried)]
         return [self.tasks[i] for i in picks for _ in range(self.cfg.episodes_per_task)]
 
     def failing_spec(self, made: list[FailureInjection]) -> EnvSpec:
         """The env spec whose envs inject this run's worker failures; it records the envs it makes."""
-        rate, hazard = self.cfg.env_failure_rate, self.cfg.env_failure_hazard
+        rate = self.cfg.env_failure_rate
+        hazard = self.cfg.env_failure_hazard
         generator = self.env_generator if rate or hazard else None
 
         def make() -> FailureInjection:
@@ -87,7 +92,8 @@ class RolloutStream:
     def next_batch(self) -> Batch:
         """Sample, collate and score one batch with the sampler's current behavior weights."""
         start = time.perf_counter()
-        tasks, envs = self.choose_tasks(), []
+        tasks = self.choose_tasks()
+        envs = []
         episodes = self.sampler.sample(tasks, self.generator, self.failing_spec(envs))
         if len(envs) != len(episodes):
             raise RuntimeError(
@@ -134,7 +140,8 @@ class _StepCues(Dataset):
     """One Deferred batch per training step (map-style: Lightning knows the length; reading ahead is free)."""
 
     def __init__(self, stream: RolloutStream, n_steps: int):
-        self.stream, self.n_steps = stream, n_steps
+        self.stream = stream
+        self.n_steps = n_steps
 
     def __len__(self) -> int:
         return self.n_steps
@@ -177,17 +184,21 @@ class RolloutDataModule(L.LightningDataModule):
 
     def __init__(self, sampler, spec: EnvSpec, cfg):
         super().__init__()
-        self.sampler, self.spec, self.cfg = sampler, spec, cfg
+        self.sampler = sampler
+        self.spec = spec
+        self.cfg = cfg
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.stream = RolloutStream(sampler, spec, cfg, self.generator)
-        self.rank, self.world_size = 0, 1
+        self.rank = 0
+        self.world_size = 1
 
     def setup(self, stage: str) -> None:
         """Under data parallelism: this rank's share of the tasks and its own seed streams (once per run)."""
         trainer = getattr(self, "trainer", None)
         if trainer is None or trainer.world_size == 1 or self.world_size > 1:
             return
-        self.rank, self.world_size = trainer.global_rank, trainer.world_size
+        self.rank = trainer.global_rank
+        self.world_size = trainer.world_size
         self.stream.tasks_per_step = self.cfg.tasks_per_step // self.world_size  # Config checks it divides
         self.generator.manual_seed(rank_seed(self.cfg.seed, self.rank))
         self.stream.env_generator.manual_seed(rank_seed(self.cfg.seed + 2, self.rank))

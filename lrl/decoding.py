@@ -80,7 +80,8 @@ class TrainerStyleDecoder:
     """Re-runs the full right-padded sequences at every call: the trainer's own computation, no cache."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int):
-        self.model, self.pad_id = model, pad_id
+        self.model = model
+        self.pad_id = pad_id
         self.seqs: list[list[int]] = []
         self.context = context_length(model)
 

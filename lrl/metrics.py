@@ -36,7 +36,8 @@ def step_metrics(
     mask = batch["action_mask"]
     on = mask.bool()
     valid = 1.0 - batch["env_failure"]  # [B]
-    n_valid, n_tokens = valid.sum().item(), float(on.sum())
+    n_valid = valid.sum().item()
+    n_tokens = float(on.sum())
     lag = (version - batch["version"][on]).float()  # [N]
     raw = batch_stats(old_logp, batch["sample_logp"], mask, weights, cfg.cap)
     seq = sequence_corrected_share(old_logp, batch["sample_logp"], mask, cfg.cap, cfg.low, cfg.high)
@@ -70,7 +71,8 @@ def step_metrics(
 def _env_failure_metrics(batch: Batch, valid: torch.Tensor) -> dict[str, tuple[float, float]]:
     """env/failures (share of episodes), per-turn failure rate, lengths of failed and healthy episodes."""
     failed = batch["env_failure"]
-    n_failed, n_episodes = failed.sum().item(), float(len(failed))
+    n_failed = failed.sum().item()
+    n_episodes = float(len(failed))
     out = {"env/failures": (n_failed / n_episodes, n_episodes)}
     if "env_turns" in batch:
         turns = batch["env_turns"].sum().item()

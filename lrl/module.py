@@ -45,7 +45,10 @@ class OffPolicyModule(L.LightningModule):
 
     def __init__(self, cfg, policy: torch.nn.Module, sampler, spec):
         super().__init__()
-        self.cfg, self.policy, self.sampler, self.spec = cfg, policy, sampler, spec
+        self.cfg = cfg
+        self.policy = policy
+        self.sampler = sampler
+        self.spec = spec
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
         self.shuffle = torch.Generator().manual_seed(cfg.seed + 1)
@@ -75,7 +78,9 @@ class OffPolicyModule(L.LightningModule):
 
     # -- one step ------------------------------------------------------------------------------------
     def training_step(self, deferred, batch_idx):
-        cfg, version, ranks = self.cfg, self.version, Ranks.of(self)
+        cfg = self.cfg
+        version = self.version
+        ranks = Ranks.of(self)
         batch = to_device(deferred.get(), self.device)  # sampled here, after the previous weight sync
         where = f"step {version} (batch {int(batch['index'])})"
         clock = Stopwatch()
@@ -98,7 +103,8 @@ class OffPolicyModule(L.LightningModule):
 
     def minibatch_update(self, mb: Minibatch, ranks: Ranks) -> dict[str, torch.Tensor]:
         """One clipped update on this rank's rows of a minibatch -> its statistics (shares of the global mean)."""
-        cfg, optimizer = self.cfg, self.optimizers()
+        cfg = self.cfg
+        optimizer = self.optimizers()
         if len(mb.ids):
             logits = self.policy(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[
                 :, :-1
@@ -119,7 +125,8 @@ class OffPolicyModule(L.LightningModule):
             bad = {"logp (log pi)": 0, "loss": 0}
         share = ranks.loss_share(mb.action_mask.sum(), mb.global_tokens)
         if share != 1.0:  # this rank's share of the global per-token mean, so that DDP's average is that mean
-            loss, st = loss * share, {k: v * share for k, v in st.items()}
+            loss = loss * share
+            st = {k: v * share for k, v in st.items()}
         totals = ranks.all_reduce(torch.tensor([float(v) for v in bad.values()], dtype=torch.float64))
         raise_if_nonfinite(bad, totals.tolist(), mb.where, applied=mb.index)
         st["loss"] = loss.detach()
@@ -172,7 +179,8 @@ class OffPolicyModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["lrl"]
-        self.version, self.skipped = state["version"], state["skipped"]
+        self.version = state["version"]
+        self.skipped = state["skipped"]
         self.shuffle.set_state(state["shuffle"])
         self.history = list(state["history"])
         self._sampler_state = state["sampler"]  # loaded in on_fit_start, after the sampler is set up
@@ -204,4 +212,5 @@ class Stopwatch:
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
-        self.laps[name], self._last = now - self._last, now
+        self.laps[name] = now - self._last
+        self._last = now

@@ -3,7 +3,7 @@
 One loop serves every sampler: the decode path is a :class:`lrl.decoding.Decoder` (trainer-style full
 forwards, or an engine-style KV cache), the distribution a :class:`lrl.decoding.Sampling`, and the
 environment an :class:`lrl.envs.EnvSpec`. All episodes of a call advance in lockstep, one turn at a time:
-each active episode generates one action (up to the spec's ``max_action_tokens``, ending at eos), then
+each active episode generates one action (up to the env spec's ``max_action_tokens``, ending at eos), then
 every environment answers it.
 """
 
@@ -36,7 +36,9 @@ class Episode:
 
     def __post_init__(self):
         n = len(self.ids)
-        self.generated, self.logp, self.version = [False] * n, [0.0] * n, [-1] * n
+        self.generated = [False] * n
+        self.logp = [0.0] * n
+        self.version = [-1] * n
 
     def record(self, result) -> None:
         """Take in the env's StepResult for the last action: reward, flags, counts, and the observation tokens."""
@@ -78,7 +80,9 @@ def run_episodes(
 
     ``spec`` is an :class:`lrl.envs.EnvSpec` (its ``make``, ``max_action_tokens`` and ``tok.eos_id``).
     """
-    stop, budget, sampling = spec.tok.eos_id, spec.max_action_tokens, sampling or Sampling()
+    stop = spec.tok.eos_id
+    budget = spec.max_action_tokens
+    sampling = sampling or Sampling()
     envs = [spec.make() for _ in tasks]
     episodes = [Episode(task, env.reset(task)) for task, env in zip(tasks, envs)]
     context = getattr(decoder, "context", None)
@@ -95,7 +99,8 @@ def run_episodes(
         generating = list(active)
         for step in range(budget):
             token, chosen = sample_tokens(sampling.log_probs(logits), generator)
-            token, chosen = token.tolist(), chosen.tolist()
+            token = token.tolist()
+            chosen = chosen.tolist()
             for i, t, lp in zip(generating, token, chosen):
                 episodes[i].extend([t], True, [lp], version)
                 actions[i].append(t)
@@ -120,7 +125,7 @@ def evaluate(
     seed: int = 0,
     temperature: float = 1.0,
 ) -> dict[str, float]:
-    """Sample `episodes_per_task` episodes per task (default: the spec's held-out tasks), trainer-style.
+    """Sample `episodes_per_task` episodes per task (default: the env spec's held-out tasks), trainer-style.
 
     -> pass_rate (mean reward), invalid, length (tokens per episode), action_tokens, episodes, and the
     mean of each of the env's metrics.

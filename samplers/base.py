@@ -39,7 +39,10 @@ class BehaviorSampler:
     ):
         if lag < 0:
             raise ValueError(f"lag must be >= 0; got {lag}")
-        self.tok, self.lag, self.transform, self.sampling = tok, lag, transform, sampling or Sampling()
+        self.tok = tok
+        self.lag = lag
+        self.transform = transform
+        self.sampling = sampling or Sampling()
         self.versions: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
         self.behavior: torch.nn.Module | None = None
         self.policy: torch.nn.Module | None = None
@@ -99,10 +102,12 @@ class OnPolicySampler(BehaviorSampler):
         self.version = 0
 
     def setup(self, policy, version: int = 0) -> None:
-        self.policy, self.version = policy, version
+        self.policy = policy
+        self.version = version
 
     def sync(self, policy, version: int) -> None:
-        self.policy, self.version = policy, version
+        self.policy = policy
+        self.version = version
 
     @property
     def behavior_version(self) -> int:

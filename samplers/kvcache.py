@@ -72,7 +72,8 @@ class KVBatch:
     def __init__(self, model, pad_id: int, rows: Sequence[RowCache | None] | None = None, n: int = 0):
         from transformers import DynamicCache
 
-        self.model, self.pad_id = model, pad_id
+        self.model = model
+        self.pad_id = pad_id
         self.cache_arg = cache_argument(model)
         self.keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.device = next(model.parameters()).device
@@ -84,7 +85,8 @@ class KVBatch:
             n_layers = len(next(r for r in rows if r is not None).layers)
             data = []
             for layer in range(n_layers):
-                keys, values = [], []
+                keys = []
+                values = []
                 for row in rows:
                     k, v = row.layers[layer] if row is not None else (None, None)
                     keys.append(_left_pad(k, width))
@@ -130,7 +132,8 @@ class KVBatch:
             for row, chunk in enumerate(chunks):
                 ids[row, width - len(chunk) :] = torch.as_tensor(chunk)
                 new_mask[row, width - len(chunk) :] = 1
-            ids, new_mask = ids.to(self.device), new_mask.to(self.device)
+            ids = ids.to(self.device)
+            new_mask = new_mask.to(self.device)
         position = self.lengths[:, None] + new_mask.cumsum(-1) - 1  # [b, width], positions skip the padding
         position = position.clamp(min=0)
         self.mask = torch.cat([self.mask, new_mask], dim=-1)  # [b, L + width]
@@ -169,7 +172,9 @@ class KVCacheDecoder:
 
     def __init__(self, model, pad_id: int, reuse_cache: bool = True):
         cache_argument(model)
-        self.model, self.pad_id, self.reuse_cache = model, pad_id, reuse_cache
+        self.model = model
+        self.pad_id = pad_id
+        self.reuse_cache = reuse_cache
         self.context = context_length(model)
         self.kept: dict[int, RowCache] = {}  # episode key -> its cache at the end of its last action
         self.keys: list[int] = []
@@ -178,7 +183,8 @@ class KVCacheDecoder:
     def prefill(self, keys: Sequence[int], seqs: Sequence[Sequence[int]]) -> torch.Tensor:
         self.kept = {k: self.kept[k] for k in keys if k in self.kept}  # episodes that ended leave
         rows = [self.kept.pop(k, None) if self.reuse_cache else None for k in keys]
-        self.batch, self.keys = KVBatch(self.model, self.pad_id, rows), list(keys)
+        self.batch = KVBatch(self.model, self.pad_id, rows)
+        self.keys = list(keys)
         seen = [r.length if r is not None else 0 for r in rows]
         return self.batch.feed([list(s)[n:] for s, n in zip(seqs, seen)])  # prefill what is new
 
@@ -211,12 +217,14 @@ def engine_generate(
     cache_argument(model)
     check_context(model, max(len(p) for p in prompts) + new_tokens, "prompt + new tokens")
     batch_size = batch_size or len(prompts)
-    ids, logps = [], []
+    ids = []
+    logps = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
         batch = KVBatch(model, pad_id, n=len(chunk))
         logits = batch.feed(chunk)  # prefill
-        step_ids, step_logp = [], []
+        step_ids = []
+        step_logp = []
         for step in range(new_tokens):
             token, lp = sample_tokens(truncated_log_probs(logits, temperature, top_p, top_k), generator)
             step_ids.append(token)

@@ -1,4 +1,4 @@
-"""Injected environment-worker failures (seed 13.7, option c): no gradient, no score, task kept, logged apart."""
+"""Injected environment-worker failures (docs/robustness.md): no gradient, no score, task kept, logged apart."""
 
 import copy
 import math

@@ -1,4 +1,4 @@
-"""Tests of the one-step bias/variance study (section 13.4): the spec's printed table, digit for digit, with the
+"""Tests of the one-step bias/variance study (docs/offpolicy.md): the reference chapter's printed table, digit for digit, with the
 package's own TIS and MIS weights, and the command line."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from lrl.weights import mis_weights, tis_weights
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
-# From the table the spec prints in section 13.4 (not from this code): per sigma, KL(mu || pi), then
+# From the table the reference chapter prints (not from this code): per sigma, KL(mu || pi), then
 # (bias^2, variance) for none, full IS, TIS C=2, MIS [0.5, 5]. Every line is 84 characters, the header 105.
 SPEC_ROWS = {
     "0.1": ["0.008", "0.012", "0.166", "0.000", "0.133", "0.000", "0.131", "0.000", "0.132"],
@@ -35,7 +35,7 @@ SPEC_ROWS = {
 
 @pytest.fixture(scope="module")
 def spec_table() -> list[str]:
-    """The study at the spec's settings (V=100, 64 samples, 4,000 repetitions, seed 0) -> printed lines."""
+    """The study at the reference settings (V=100, 64 samples, 4,000 repetitions, seed 0) -> printed lines."""
     return table_lines(study([0.1, 0.5, 1.0, 2.0]))
 
 

@@ -1,4 +1,4 @@
-"""Tests of the pipeline simulator: the spec's printed numbers (sections 13.2, 13.3, 13.7), agreement with a
+"""Tests of the pipeline simulator: the reference chapter's printed numbers (quoted in docs/simulate.md), agreement with a
 slot-scanning reference of the same rules, the extensions, bad input, and the command line."""
 
 from __future__ import annotations
@@ -22,34 +22,34 @@ NUMBER = re.compile(r"\d+(?:\.\d+)?%?")
 
 @pytest.fixture(scope="module")
 def durations() -> torch.Tensor:
-    """The spec's pool: 65,536 durations from a CPU generator seeded 0 -> [65536] s."""
+    """The reference pool: 65,536 durations from a CPU generator seeded 0 -> [65536] s."""
     return agent_episode_durations(65_536, torch.Generator().manual_seed(0))
 
 
 SETUP = Setup()  # 64 slots, 64 episodes per step, 60 s training, 10 s sync, 20 steps
 
-# Expected numbers, copied from the outputs the spec prints (never from this code). Each line of a table is
+# Expected numbers, copied from the outputs the reference chapter prints (never from this code). Each line of a table is
 # given as (its length in characters, the numbers on it, left to right), which pins both digits and layout.
-SPEC_DURATIONS = [  # section 13.2
+SPEC_DURATIONS = [  # durations
     (59, ["96", "68", "90", "215", "99", "430", "624"]),
     (57, ["8", "251", "2.6"]),
     (57, ["64", "415", "4.3"]),
     (57, ["512", "515", "5.4"]),
 ]
-SPEC_DESIGNS = {  # section 13.3: episodes/hour, slot util, staleness mean, max, trained episode mean (s)
+SPEC_DESIGNS = {  # designs: episodes/hour, slot util, staleness mean, max, trained episode mean (s)
     "synchronous": ["451", "0.19", "0.00", "0", "97.7"],
     "one step ahead, drain": ["506", "0.22", "0.95", "1", "97.7"],
     "async eta=1, partial": ["1836", "0.81", "0.93", "5", "94.1"],
     "async eta=2, partial": ["2077", "0.95", "1.50", "7", "93.2"],
     "async eta=4, drain": ["490", "0.25", "3.19", "4", "97.7"],
 }
-SPEC_TIMEOUT = [  # section 13.7: (episodes/hour, slot utilization) without and with a timeout at p95
+SPEC_TIMEOUT = [  # timeout: (episodes/hour, slot utilization) without and with a timeout at p95
     (83, ["451", "0.19"]),
     (83, ["95", "279", "661", "0.27"]),
     (39, ["5.0%"]),
 ]
-SPEC_SYNC = {1.0: ["459", "2261"], 10.0: ["451", "2077"], 60.0: ["410", "1432"]}  # section 13.7
-SPEC_FAILURE = [(53, ["4.5%", "10%", "13.6%"]), (40, ["96", "92"])]  # section 13.7, mtbf 2,000 s, seed 1
+SPEC_SYNC = {1.0: ["459", "2261"], 10.0: ["451", "2077"], 60.0: ["410", "1432"]}  # sync cost
+SPEC_FAILURE = [(53, ["4.5%", "10%", "13.6%"]), (40, ["96", "92"])]  # failures, mtbf 2,000 s, seed 1
 
 
 def _shape(lines: list[str]) -> list[tuple[int, list[str]]]:
@@ -58,7 +58,7 @@ def _shape(lines: list[str]) -> list[tuple[int, list[str]]]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The spec's tables, digit for digit
+# The reference tables, digit for digit
 
 
 def test_duration_table(durations):
@@ -383,10 +383,10 @@ def test_cli_single_run(capsys):
 def test_cli_writes_figures(tmp_path, capsys):
     argv = ["--n-durations", "4096", "--steps", "3", "--etas", "0", "1", "2", "--plot", str(tmp_path)]
     assert main(argv) == 0
-    for stem in ("fig13_1_timelines", "fig13_2_staleness_throughput"):
+    for stem in ("timelines", "staleness_throughput"):
         for ext in ("png", "svg"):
             assert (tmp_path / f"{stem}.{ext}").stat().st_size > 1000
-    assert "figure 13.1, synchronous" in capsys.readouterr().out
+    assert "timeline, synchronous" in capsys.readouterr().out
 
 
 def test_import_is_light():

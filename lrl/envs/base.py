@@ -72,12 +72,18 @@ class FailureInjection:
             raise ValueError(f"failure hazard must be finite and >= 0; got {hazard}")
         if (rate or hazard) and generator is None:
             raise ValueError("failure injection needs a torch.Generator, so that failures are reproducible")
-        self.env, self.rate, self.hazard, self.generator = env, rate, hazard, generator
-        self.turns, self.failed, self._unbilled = 0, False, 0
+        self.env = env
+        self.rate = rate
+        self.hazard = hazard
+        self.generator = generator
+        self.turns = 0
+        self.failed = False
+        self._unbilled = 0
 
     def reset(self, task) -> list[int]:
         prompt = self.env.reset(task)
-        self.turns, self.failed = 0, False
+        self.turns = 0
+        self.failed = False
         self._unbilled = len(prompt)  # tokens the worker has handled that no failure draw has covered yet
         return prompt
 
@@ -89,7 +95,8 @@ class FailureInjection:
         result = self.env.step(action)
         self.turns += 1
         if self.rate or self.hazard:
-            n, self._unbilled = len(action) + len(result.observation) + self._unbilled, 0
+            n = len(action) + len(result.observation) + self._unbilled
+            self._unbilled = 0
             if torch.rand((), generator=self.generator).item() < self.failure_probability(n):
                 self.failed = True
                 info = {"invalid": False, "truncated": False, "env_failure": True}

@@ -1,1 +1,1 @@
-"""Experiments that produce the spec's tables on TinyAgent; each writes markdown and a plot."""
+"""Experiments that produce lrl's result tables; each writes markdown and a plot."""

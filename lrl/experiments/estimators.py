@@ -1,4 +1,4 @@
-"""The one-step bias/variance study of the behavior-policy corrections (section 13.4 of the spec).
+"""The one-step bias/variance study of the behavior-policy corrections (docs/offpolicy.md).
 
 A softmax policy pi over `vocab` tokens with logits z and a fixed reward per token has the exact policy
 gradient d E_pi[r] / dz = pi * (r - E_pi r). A sampler mu = softmax(z + sigma * noise) stands in for a
@@ -6,7 +6,7 @@ mismatch of growing size. Each estimate averages the weighted score-function gra
 tokens drawn from mu with a batch-mean baseline; `reps` estimates give its squared bias and its variance,
 both relative to |grad|^2. The weights are the package's own `tis_weights` and `mis_weights`.
 
-    python -m lrl.experiments.estimators  # the spec's table: sigma 0.1 to 2.0; none, full IS, TIS C=2, MIS [0.5, 5]
+    python -m lrl.experiments.estimators  # the reference table: sigma 0.1 to 2.0; none, full IS, TIS C=2, MIS [0.5, 5]
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def gradient_estimates(
     Row r is mean_n w_rn * A_rn * (onehot(a_rn) - pi), A the reward minus the row's mean reward. Rows are
     computed `chunk` at a time so the [chunk, N, V] intermediate stays small.
     """
-    vocab, out = len(problem.logp), []
+    vocab = len(problem.logp)
+    out = []
     probs = problem.logp.exp()  # [V]
     for a in actions.split(chunk):  # [c, N]
         adv = problem.reward[a] - problem.reward[a].mean(-1, keepdim=True)  # [c, N]
@@ -134,7 +135,7 @@ def study(
 
 
 def table_lines(rows: list[dict]) -> list[str]:
-    """The study as the spec prints it: one line per sigma, a (bias^2, variance) cell per rule."""
+    """The study as docs/offpolicy.md shows it: one line per sigma, a (bias^2, variance) cell per rule."""
     names = list(rows[0]["cells"]) if rows else []
     head = f"{'sigma':>5} {'KL(mu||pi)':>10} | " + " | ".join(f"{name:>14}" for name in names)
     lines = [head + "   (bias^2, variance)"]
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m lrl.experiments.estimators",
         description="Bias and variance of uncorrected, full-IS, TIS and MIS policy gradients on a one-step "
-        "softmax problem whose sampler has noisy logits (section 13.4).",
+        "softmax problem whose sampler has noisy logits (docs/offpolicy.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(

@@ -128,7 +128,8 @@ def plot(results: list[dict], lrs: list[float], path: Path) -> None:
             if not lags:
                 continue
             for ax, metric in zip(axes, ("heldout", "train")):
-                ys, es = [], []
+                ys = []
+                es = []
                 for lag in lags:
                     key = ("lagged", lag, corr, lr)
                     s = summarize(results, key)
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     make_rl_base(build_tokenizer(make_tasks("all")), verbose=True)  # build the cache once, before the workers
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    start, results = time.time(), []
+    start = time.time()
+    results = []
     with ProcessPoolExecutor(args.jobs) as pool:
         for i, r in enumerate(pool.map(one_run, cells), 1):
             results.append(r)

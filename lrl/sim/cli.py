@@ -1,9 +1,9 @@
 """The simulator's command line: ``python -m lrl.sim`` (``python -m lrl.simulate`` is the same command).
 
-`python -m lrl.sim` prints the chapter's tables: episode durations and batch maxima, the five pipeline
-designs, a timeout, the sync cost, and the length bias of worker failures. `--extra` adds exercise 1
-(exponential durations against m H_B), exercise 2 (the bound enforced at consumption) and the staleness
-sweep of figure 13.2; `--plot DIR` writes figures 13.1 and 13.2 (and the exercises' plots) as PNG and SVG;
+`python -m lrl.sim` prints the reference tables (docs/simulate.md): episode durations and batch maxima, the
+five pipeline designs, a timeout, the sync cost, and the length bias of worker failures. `--extra` adds
+exponential durations against m H_B, the bound enforced at consumption, and the staleness sweep;
+`--plot DIR` writes the timeline and staleness-throughput figures (and the extras' plots) as PNG and SVG;
 `--single` simulates one configuration given by the options. See docs/simulate.md.
 """
 
@@ -54,16 +54,17 @@ FRACTION = _typed(float, lambda v: 0 < v < 1, "a number strictly between 0 and 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: every duration-model and simulator setting, with the spec's values as defaults."""
+    """The command line: every duration-model and simulator setting, with the reference values as defaults."""
     p = argparse.ArgumentParser(
         prog="python -m lrl.sim",
-        description="Simulate rollout pipelines (sections 13.2, 13.3, 13.7 of the spec). Prints the spec's tables: "
+        description="Simulate rollout pipelines. Prints the reference tables (docs/simulate.md): "
         "durations and batch maxima, five designs, a timeout, the sync cost, the failure bias. --extra adds "
-        "exercises 1 and 2 and the staleness sweep, --plot DIR writes the figures, --single runs one "
+        "exponential durations, the bound enforced at consumption and the staleness sweep, --plot DIR writes "
+        "the figures, --single runs one "
         "configuration given by the options.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    g = p.add_argument_group("episode durations (section 13.2)")
+    g = p.add_argument_group("episode durations")
     g.add_argument(
         "--seed", type=int, default=0, help="seed of the torch CPU generator the durations come from"
     )
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[8, 64, 512],
         help="batch sizes whose expected slowest episode is printed",
     )
-    g = p.add_argument_group("pipeline (section 13.3)")
+    g = p.add_argument_group("pipeline")
     g.add_argument("--slots", type=POS_INT, default=64, help="generation slots (concurrent episodes)")
     g.add_argument("--batch-size", type=POS_INT, default=64, help="episodes per training step")
     g.add_argument("--train-time", type=NONNEG_FLOAT, default=60.0, help="seconds per training step")
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sync-time", type=NONNEG_FLOAT, default=10.0, help="seconds per weight sync (pauses generation)"
     )
     g.add_argument("--steps", type=POS_INT, default=20, help="training steps simulated")
-    g = p.add_argument_group("section 13.7")
+    g = p.add_argument_group("timeout, sync cost and worker failures")
     g.add_argument(
         "--timeout-quantile", type=FRACTION, default=0.95, help="timeout at this duration quantile"
     )
@@ -122,29 +123,31 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--failure-seed", type=int, default=1, help="seed of the failure draws")
     g = p.add_argument_group("extras")
     g.add_argument(
-        "--extra", action="store_true", help="also print exercise 1, exercise 2 and the staleness sweep"
+        "--extra",
+        action="store_true",
+        help="also print exponential durations against m H_B, the bound enforced at consumption, and the staleness sweep",
     )
     g.add_argument("--etas", type=NONNEG_INT, nargs="+", default=list(range(9)), help="bounds of the sweeps")
-    g.add_argument(
-        "--exp-mean", type=POS_FLOAT, default=96.0, help="exercise 1: mean exponential duration (s)"
-    )
-    g.add_argument("--exp-steps", type=POS_INT, default=200, help="exercise 1: steps per batch size")
+    g.add_argument("--exp-mean", type=POS_FLOAT, default=96.0, help="exponential study: mean duration (s)")
+    g.add_argument("--exp-steps", type=POS_INT, default=200, help="exponential study: steps per batch size")
     g.add_argument(
         "--exp-batch-sizes",
         type=POS_INT,
         nargs="+",
         default=[1, 8, 64, 512],
-        help="exercise 1: batch sizes (slots = B)",
+        help="exponential study: batch sizes (slots = B)",
     )
     g.add_argument(
         "--plot",
         metavar="DIR",
-        help="write figures 13.1 and 13.2 (with --extra also the exercises' plots) here, as PNG and SVG",
+        help="write the timeline and staleness-throughput figures (with --extra also their plots) here, as PNG and SVG",
     )
-    g.add_argument("--timeline-slots", type=POS_INT, default=8, help="figure 13.1: slots = episodes per step")
-    g.add_argument("--timeline-steps", type=POS_INT, default=4, help="figure 13.1: steps drawn")
     g.add_argument(
-        "--timeline-eta", type=NONNEG_INT, default=1, help="figure 13.1: bound of the async pipeline"
+        "--timeline-slots", type=POS_INT, default=8, help="timeline figure: slots = episodes per step"
+    )
+    g.add_argument("--timeline-steps", type=POS_INT, default=4, help="timeline figure: steps drawn")
+    g.add_argument(
+        "--timeline-eta", type=NONNEG_INT, default=1, help="timeline figure: bound of the async pipeline"
     )
     g = p.add_argument_group("one configuration (--single)")
     g.add_argument("--single", action="store_true", help="simulate one configuration instead of the tables")
@@ -158,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--consume-max-staleness",
         type=NONNEG_INT,
         default=None,
-        help="the trainer drops episodes staler than this (exercise 2)",
+        help="the trainer drops episodes staler than this",
     )
     g.add_argument("--timeout", type=POS_FLOAT, default=None, help="truncate durations to this many seconds")
     return p
@@ -208,7 +211,7 @@ def single_lines(durations: torch.Tensor, setup: Setup, args: argparse.Namespace
 
 
 def table_sections(durations: torch.Tensor, setup: Setup, args: argparse.Namespace) -> list[list[str]]:
-    """The spec's tables, in its order, each a list of lines."""
+    """The reference tables, each a list of lines."""
     return [
         duration_lines(durations, args.batch_sizes),
         design_lines(durations, setup),
@@ -219,10 +222,11 @@ def table_sections(durations: torch.Tensor, setup: Setup, args: argparse.Namespa
 
 
 def write_figures(durations: torch.Tensor, setup: Setup, args: argparse.Namespace, extras: dict) -> list:
-    """Figures 13.1 and 13.2 (and the exercises' plots when their rows exist) -> written paths."""
+    """The timeline and staleness-throughput figures (and the extras' plots when their rows exist) -> paths."""
     from lrl.sim import figures
 
-    n, steps = args.timeline_slots, args.timeline_steps
+    n = args.timeline_slots
+    steps = args.timeline_steps
     small = Setup(n, n, setup.train_time, setup.sync_time, steps)
     runs = [
         ("synchronous (eta = 0)", small.run(durations, max_staleness=0)),
@@ -245,7 +249,7 @@ def write_figures(durations: torch.Tensor, setup: Setup, args: argparse.Namespac
         fixed = setup.train_time + setup.sync_time
         paths += figures.plot_exponential(extras["exponential"], args.exp_mean, fixed, exp_title, args.plot)
     for name, r in runs:
-        print(f"figure 13.1, {name}: {steps} steps in {r['time']:.1f} s")
+        print(f"timeline, {name}: {steps} steps in {r['time']:.1f} s")
     return paths
 
 

@@ -1,8 +1,8 @@
-"""Episode-duration models for the pipeline simulator (section 13.2 of the spec) and their small helpers.
+"""Episode-duration models for the pipeline simulator and their small helpers.
 
 An agent episode alternates generation and tool calls: a geometric number of turns, a uniform number of
 tokens per turn decoded at a fixed per-sequence rate, and a log-normal tool latency after every turn.
-The defaults are the spec's assumptions about a coding agent, not measurements of one.
+The defaults are assumptions about a coding agent (docs/simulate.md), not measurements of one.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def agent_episode_durations(
 
 
 def exponential_durations(n: int, mean: float, generator: torch.Generator) -> torch.Tensor:
-    """`n` exponential durations with the given mean (exercise 1) -> [n] float32."""
+    """`n` exponential durations with the given mean (the m H_B study) -> [n] float32."""
     if n < 0 or not mean > 0:
         raise ValueError(f"need n >= 0 and mean > 0; got n={n}, mean={mean}")
     return torch.empty(n).exponential_(1 / mean, generator=generator)

@@ -1,4 +1,4 @@
-"""Figures of the simulator studies (figures 13.1 and 13.2 of the spec, and the two exercises), via Agg.
+"""Figures of the simulator studies (timelines, staleness against throughput, and the two extras), via Agg.
 
 matplotlib is imported inside the functions, so importing the simulator does not need it. Each function
 writes `<stem>.png` and `<stem>.svg` into a folder and returns the two paths.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SYNC_COLOR, TRAIN_COLOR = "gold", "aqua"
+SYNC_COLOR = "gold"
+TRAIN_COLOR = "aqua"
 
 
 def _pyplot():
@@ -73,7 +74,7 @@ def _draw_timeline(ax, result: dict, n_slots: int, cmap, n_versions: int) -> Non
 def plot_timelines(
     results: list[tuple[str, dict]], n_slots: int, steps: int, folder: str | Path
 ) -> list[Path]:
-    """Figure 13.1: the timelines of named pipeline runs (with events), stacked, one shared time axis."""
+    """The timelines of named pipeline runs (with events), stacked, one shared time axis."""
     plt = _pyplot()
     from matplotlib.patches import Patch
 
@@ -103,11 +104,11 @@ def plot_timelines(
         fontsize=10,
     )
     fig.tight_layout()
-    return _save(fig, folder, "fig13_1_timelines")
+    return _save(fig, folder, "timelines")
 
 
 def plot_staleness_throughput(rows: list[dict], title: str, folder: str | Path) -> list[Path]:
-    """Figure 13.2: throughput against the staleness bound (partial, drain); mean and max staleness."""
+    """Throughput against the staleness bound (partial, drain); mean and max staleness."""
     plt = _pyplot()
     etas = [r["eta"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -127,7 +128,7 @@ def plot_staleness_throughput(rows: list[dict], title: str, folder: str | Path) 
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, folder, "fig13_2_staleness_throughput")
+    return _save(fig, folder, "staleness_throughput")
 
 
 def plot_consume(rows: list[dict], title: str, folder: str | Path) -> list[Path]:
@@ -152,7 +153,7 @@ def plot_consume(rows: list[dict], title: str, folder: str | Path) -> list[Path]
     ax.legend(lines + bars, labels + bar_labels, fontsize=8, loc="center right")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, folder, "ex13_2_consume_bound")
+    return _save(fig, folder, "consume_bound")
 
 
 def plot_exponential(
@@ -177,4 +178,4 @@ def plot_exponential(
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return _save(fig, folder, "ex13_1_exponential")
+    return _save(fig, folder, "exponential")

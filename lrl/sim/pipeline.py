@@ -1,4 +1,4 @@
-"""A discrete-event simulator of a rollout pipeline (section 13.3 of the spec), heap-based.
+"""A discrete-event simulator of a rollout pipeline, heap-based (docs/simulate.md).
 
 `n_slots` generation slots run one episode each; one trainer consumes `batch_size` finished episodes per
 step in `train_time` seconds; a weight sync of `sync_time` seconds follows every step and pauses all
@@ -43,9 +43,15 @@ class _Feed:
     """
 
     def __init__(self, durations, chunk, bound, timeout, failure_mtbf, failure_generator):
-        self.src, self.chunk, self.bound = durations, max(int(chunk), 1), bound
-        self.timeout, self.mtbf, self.gen = timeout, failure_mtbf, failure_generator
-        self.pos, self.items, self.i = 0, [], 0
+        self.src = durations
+        self.chunk = max(int(chunk), 1)
+        self.bound = bound
+        self.timeout = timeout
+        self.mtbf = failure_mtbf
+        self.gen = failure_generator
+        self.pos = 0
+        self.items = []
+        self.i = 0
 
     def _refill(self, started: int) -> None:
         if self.pos >= len(self.src):
@@ -58,11 +64,14 @@ class _Feed:
         d = raw if self.timeout is None else raw.clamp(max=self.timeout)
         cut = [False] * len(raw) if self.timeout is None else (raw > self.timeout).tolist()
         if self.mtbf is None:
-            busy, failed = d.tolist(), [False] * len(raw)
+            busy = d.tolist()
+            failed = [False] * len(raw)
         else:
             hit, stop_s = failure_draws(d, self.mtbf, self.gen)
-            busy, failed = torch.where(hit, stop_s, d.double()).tolist(), hit.tolist()
-        self.items, self.i = list(zip(busy, d.tolist(), cut, failed)), 0
+            busy = torch.where(hit, stop_s, d.double()).tolist()
+            failed = hit.tolist()
+        self.items = list(zip(busy, d.tolist(), cut, failed))
+        self.i = 0
 
     def next(self, started: int) -> tuple[float, float, bool, bool]:
         if self.i == len(self.items):
@@ -98,7 +107,9 @@ def _due(lanes: dict[int, list], fronts: dict[int, float], syncs: int, sync_time
         else:
             fronts[lane_syncs] = nxt
     if len(done) > 1:
-        done.sort(key=lambda entry: entry[1])  # simultaneous ends: by start order (the spec's dict order)
+        done.sort(
+            key=lambda entry: entry[1]
+        )  # simultaneous ends: by start order, as the reference loop's dict iterates
     return done
 
 
@@ -160,7 +171,7 @@ def simulate_pipeline(
     `staleness_max`, `staleness_hist` (count per staleness), `trained_duration` (mean s), plus `n_events`,
     `started`, `trained`, `discarded`, `failed`, `failed_duration`, `truncated`, `in_flight`.
 
-    Extensions beyond the spec's rules (all off by default):
+    Extensions beyond the reference rules (all off by default):
     - `consume_max_staleness`: the trainer drops finished episodes staler than this when it forms a batch
       (`discarded` counts them); dropped episodes no longer count against the generation throttle.
     - `timeout`: durations are truncated to it (`truncated` counts the started episodes it cut); failures,
@@ -189,7 +200,11 @@ def simulate_pipeline(
     size = chunk or min(bound or math.inf, max(4 * n_slots, 16_384))  # memory O(slots), not O(run)
     feed = _Feed(durations, size, bound, timeout, failure_mtbf, failure_generator)
 
-    t, version, syncs, started, lost = 0.0, 0, 0, 0, 0
+    t = 0.0
+    version = 0
+    syncs = 0
+    started = 0
+    lost = 0
     free = list(range(n_slots))  # heap of free slot ids (sorted, so already a heap)
     # lanes: syncs started before the episodes started -> heap of
     # (end as of start, start order, slot, start, version, duration, fails)
@@ -226,7 +241,8 @@ def simulate_pipeline(
             if consume_max_staleness is not None:
                 buffer, dropped = _drop_stale(buffer, version - consume_max_staleness)
                 if dropped:
-                    discarded, lost = discarded + dropped, lost + dropped
+                    discarded = discarded + dropped
+                    lost = lost + dropped
                     continue  # the dropped episodes' throttle budget is free again: refill at this t
             trained_sum = _take_batch(buffer, batch_size, version, hist, trained_sum)
             step_until = t + train_time
@@ -236,20 +252,25 @@ def simulate_pipeline(
         if t == math.inf:
             raise RuntimeError("the pipeline stalled: nothing is running, training or syncing")
         if sync_until == t:
-            sync_until, version = None, version + 1
+            sync_until = None
+            version = version + 1
         if step_until == t:
-            step_until, sync_wanted = None, True
+            step_until = None
+            sync_wanted = True
         for _, _, slot, start, v, d, fails in _due(lanes, fronts, syncs, sync_time, t):
             busy += t - start
             heapq.heappush(free, slot)
             if fails:
-                failed, lost, failed_sum = failed + 1, lost + 1, failed_sum + d
+                failed = failed + 1
+                lost = lost + 1
+                failed_sum = failed_sum + d
                 log(("fail", slot, start, t, v))
             else:
                 buffer.append((v, d))
                 log(("gen", slot, start, t, v))
         if sync_wanted and (interrupt or len(free) == n_slots):
-            sync_wanted, sync_until = False, t + sync_time
+            sync_wanted = False
+            sync_until = t + sync_time
             log(("sync", 0, t, sync_until, version))
             syncs += 1
             for lane_syncs in fronts:

@@ -1,7 +1,7 @@
-"""The spec's simulator studies (sections 13.2, 13.3, 13.7, exercises 1 and 2) as data and as text tables.
+"""The simulator studies (durations, five designs, timeout, sync cost, failures, and two extras) as tables.
 
 Each `*_lines` function returns the lines of one printed table; the numbers come from `simulate_pipeline`
-and the duration models, formatted as the spec prints them.
+and the duration models, formatted as docs/simulate.md shows them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from lrl.sim.durations import exponential_durations, failure_mask, harmonic
 from lrl.sim.pipeline import simulate_pipeline
 
-# The five designs of section 13.3: name -> the simulator settings that make it.
+# The five pipeline designs (docs/simulate.md): name -> the simulator settings that make it.
 DESIGNS: dict[str, dict] = {
     "synchronous": {"max_staleness": 0},
     "one step ahead, drain": {"max_staleness": 1, "interrupt": False},
@@ -26,7 +26,7 @@ DESIGNS: dict[str, dict] = {
 
 @dataclass(frozen=True)
 class Setup:
-    """The pipeline every table shares (section 13.3): slots, episodes per step, seconds, steps."""
+    """The pipeline every table shares: slots, episodes per step, seconds, steps."""
 
     n_slots: int = 64  # concurrent episodes in the engine
     batch_size: int = 64  # episodes per training step
@@ -48,7 +48,7 @@ class Setup:
 
 
 def duration_lines(durations: torch.Tensor, batch_sizes: list[int]) -> list[str]:
-    """Section 13.2: mean and quantiles of durations [N], and the expected slowest of a batch of each size."""
+    """Durations: mean and quantiles of durations [N], and the expected slowest of a batch of each size."""
     mean = durations.mean()  # float32 scalar
     median, p90, p99 = durations.quantile(torch.tensor([0.5, 0.9, 0.99])).tolist()
     stats = [
@@ -69,7 +69,7 @@ def duration_lines(durations: torch.Tensor, batch_sizes: list[int]) -> list[str]
 
 
 def design_lines(durations: torch.Tensor, setup: Setup, designs: dict[str, dict] = DESIGNS) -> list[str]:
-    """Section 13.3: throughput, slot use, staleness and trained-episode length of each design."""
+    """The designs: throughput, slot use, staleness and trained-episode length of each design."""
     cols = ("episodes/hour", "slot util", "staleness mean, max", "trained episode mean (s)")
     lines = [" | ".join((f"{'design':<22}", *cols))]
     for name, kw in designs.items():
@@ -87,7 +87,7 @@ def design_lines(durations: torch.Tensor, setup: Setup, designs: dict[str, dict]
 
 
 def timeout_lines(durations: torch.Tensor, setup: Setup, quantile: float = 0.95) -> list[str]:
-    """Section 13.7: a synchronous pipeline with and without a timeout at a duration quantile."""
+    """A synchronous pipeline with and without a timeout at a duration quantile."""
     cap = durations.quantile(quantile).item()
     cases = [("no timeout", None), (f"timeout at p{quantile * 100:.0f} ({cap:.0f} s)", cap)]
     lines = []
@@ -102,7 +102,7 @@ def timeout_lines(durations: torch.Tensor, setup: Setup, quantile: float = 0.95)
 
 
 def sync_lines(durations: torch.Tensor, setup: Setup, sync_times: list[float], eta: int = 2) -> list[str]:
-    """Section 13.7: throughput of the synchronous and an async (partial) design as the sync cost grows."""
+    """Throughput of the synchronous and an async (partial) design as the sync cost grows."""
     async_name = f"async eta={eta}, partial"
     lines = [f"{'sync time (s)':>13} | synchronous | {async_name}   (episodes/hour)"]
     for sync_time in sync_times:
@@ -114,10 +114,11 @@ def sync_lines(durations: torch.Tensor, setup: Setup, sync_times: list[float], e
 def failure_lines(
     durations: torch.Tensor, mtbf: float, seed: int = 1, long_quantile: float = 0.9
 ) -> list[str]:
-    """Section 13.7: how a constant failure hazard biases the surviving episodes toward short ones."""
+    """How a constant failure hazard biases the surviving episodes toward short ones."""
     failed = failure_mask(durations, mtbf, torch.Generator().manual_seed(seed))  # [N]
     longest = durations > durations.quantile(long_quantile)  # [N]
-    share, long_share = failed.float().mean().item(), failed[longest].float().mean().item()
+    share = failed.float().mean().item()
+    long_share = failed[longest].float().mean().item()
     return [
         f"episodes failing: {share:.1%} | among the longest {1 - long_quantile:.0%}: {long_share:.1%}",
         f"mean duration: all {durations.mean().item():.0f} s | survivors {durations[~failed].mean().item():.0f} s",
@@ -126,7 +127,8 @@ def failure_lines(
 
 def exponential_rows(mean: float, batch_sizes: list[int], setup: Setup, seed: int = 0) -> list[dict]:
     """Exercise 1: synchronous step time on exponential durations against m * H_B and m ln B (+ train, sync)."""
-    rows, gen = [], torch.Generator().manual_seed(seed)
+    rows = []
+    gen = torch.Generator().manual_seed(seed)
     for b in batch_sizes:
         r = setup.run(
             exponential_durations(setup.steps * b, mean, gen), n_slots=b, batch_size=b, max_staleness=0
@@ -157,7 +159,7 @@ def exponential_lines(rows: list[dict], mean: float, steps: int) -> list[str]:
 
 
 def sweep_rows(durations: torch.Tensor, setup: Setup, etas: list[int]) -> list[dict]:
-    """Figure 13.2's data: per staleness bound, throughput with partial rollouts and drain, staleness."""
+    """The staleness sweep: per staleness bound, throughput with partial rollouts and drain, staleness."""
     rows = []
     for eta in etas:
         partial = setup.run(durations, max_staleness=eta, keep_events=False)
@@ -175,7 +177,7 @@ def sweep_rows(durations: torch.Tensor, setup: Setup, etas: list[int]) -> list[d
 
 
 def sweep_lines(rows: list[dict]) -> list[str]:
-    """Figure 13.2's data as a table."""
+    """The staleness sweep as a table."""
     lines = [f"{'eta':>3} | {'partial (ep/h)':>14} | {'drain (ep/h)':>12} | partial staleness mean, max"]
     for r in rows:
         lines.append(

@@ -48,7 +48,9 @@ class BaseConfig:
 
 def _demo(task: Task, tok, rng: random.Random, cfg: BaseConfig) -> tuple[list[int], list[bool]]:
     """One demonstration -> token ids and a per-token loss flag."""
-    read, answer, eos = tok.encode("read"), tok.encode("answer"), [tok.eos_id]
+    read = tok.encode("read")
+    answer = tok.encode("answer")
+    eos = [tok.eos_id]
     ids = tok.prompt(task.prompt)
     loss = [False] * len(ids)
 

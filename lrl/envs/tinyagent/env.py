@@ -18,13 +18,19 @@ class BugFixEnv:
     def __init__(self, tok, max_turns: int = 3):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1; got {max_turns}")
-        self.tok, self.max_turns = tok, max_turns
+        self.tok = tok
+        self.max_turns = max_turns
         self.task: Task | None = None
-        self.turns, self.reads, self.done = 0, 0, False
+        self.turns = 0
+        self.reads = 0
+        self.done = False
 
     def reset(self, task: Task) -> list[int]:
         """Start an episode on `task`; returns the prompt ids (for the word tokenizer: <bos> and the words)."""
-        self.task, self.turns, self.reads, self.done = task, 0, 0, False
+        self.task = task
+        self.turns = 0
+        self.reads = 0
+        self.done = False
         return self.tok.prompt(task.prompt)
 
     def parse(self, action: list[int]) -> tuple[str, int | None]:

@@ -39,7 +39,8 @@ FUNCTIONS = (
 )
 SYMPTOMS = ("returns a wrong value", "fails the unit test", "gives an off result", "breaks on large input")
 SPLIT_SEED = 1729  # fixes the 30 evaluation tasks
-N_TRAIN, N_HELDOUT = 20, 10
+N_TRAIN = 20
+N_HELDOUT = 10
 
 
 @dataclass(frozen=True)
