@@ -42,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if not run.trainer.is_global_zero:
         return 0
+    counts = "".join(f" | {m} {result[m]:.2f}" for m in run.spec.metrics)
     print(
         f"held-out pass rate {result['pass_rate']:.3f} over {result['episodes']} episodes "
-        f"({cfg.eval_episodes} per task) | reads {result['reads']:.2f} | invalid {result['invalid']:.3f} | "
+        f"({cfg.eval_episodes} per task){counts} | invalid {result['invalid']:.3f} | env {cfg.env} | "
         f"sampler {cfg.sampler} lag {cfg.lag} correction {cfg.correction} | {cfg.max_steps} steps | "
         f"{time.time() - start:.1f} s | logs in {run.trainer.logger.log_dir if run.trainer.logger else '-'}"
     )

@@ -17,6 +17,7 @@ from callbacks.health import HealthCheck, HealthCheckError
 from callbacks.mismatch import MismatchMonitor
 from callbacks.staleness import StalenessMonitor
 from callbacks.timing import TimingMonitor
+from lrl.registry import CALLBACKS
 
 
 def build_callbacks(cfg) -> list:
@@ -28,12 +29,17 @@ def build_callbacks(cfg) -> list:
         out.append(MismatchMonitor(cfg.cap, cfg.low, cfg.high, histogram_every=cfg.histogram_every))
     if cfg.monitor_staleness:
         out.append(StalenessMonitor(histogram_every=cfg.histogram_every))
+    out += [CALLBACKS.get(name).factory(cfg) for name in cfg.callbacks]
     if cfg.monitor_timing:
         out.append(TimingMonitor())
     return out
 
 
+register = CALLBACKS.register  # @callbacks.register("name") on fn(cfg) -> a Lightning callback
+
+
 __all__ = [
+    "register",
     "HealthCheck",
     "HealthCheckError",
     "MismatchMonitor",

@@ -37,6 +37,7 @@ RESUMABLE_CHANGES = {
     "history_file",
     "eval_every",
     "eval_episodes",
+    "eval_at_start",
     "accelerator",
     "monitor_mismatch",
     "monitor_staleness",

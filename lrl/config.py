@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from lrl.options import MAX_INT, check_field, default_of, exists, import_plugins, option
-from lrl.registry import CORRECTIONS, ENVS, SAMPLERS, Registry, load_builtins
+from lrl.registry import CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, Registry, load_builtins
 
 REGISTRIES: dict[str, Registry] = {"sampler": SAMPLERS, "correction": CORRECTIONS, "env": ENVS}
 
@@ -51,6 +51,7 @@ class Config:
     plugins: list[str] = option(
         [], "modules to import before the config is validated (they register entries)"
     )
+    callbacks: list[str] = option([], "extra monitoring callbacks, by registered name", choices=CALLBACKS)
     # policy and environment
     model: str | None = option(
         None, "local save_pretrained directory of a causal LM; default: the TinyAgent RL base"
@@ -129,6 +130,9 @@ class Config:
     # evaluation
     eval_every: int = option(10, "held-out evaluation every N steps (and at the end)", gt=0, le=MAX_INT)
     eval_episodes: int = option(16, "episodes per held-out task in an evaluation", gt=0, le=MAX_INT)
+    eval_at_start: bool = option(
+        True, "evaluate the starting policy on the held-out tasks too, logged at step 0"
+    )
     # monitoring
     monitor_mismatch: bool = option(True, "log mismatch/* distribution statistics and a histogram every step")
     monitor_staleness: bool = option(True, "log staleness/* per episode, running means and histograms")

@@ -9,7 +9,7 @@ A decoder turns token sequences into next-token logits, one batch at a time:
 
 The trainer-style decoder is the simplest implementation: every call is one full forward over the
 right-padded sequences, exactly the computation the trainer repeats when it scores the batch. The
-engine-style decoder (``samplers.kvcache``) keeps a KV cache and decodes one position per step.
+engine-style decoder (``lrl.kvcache``) keeps a KV cache and decodes one position per step.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ class OffPolicyModule(L.LightningModule):
         self.skipped = 0  # batches without any advantage signal, skipped without an update
         self.last_step: StepRecord | None = None
         self.last_eval: dict | None = None
+        self.evals: list[dict] = []  # every held-out evaluation of this process, with its policy version
         self._sampler_state: dict | None = None
 
     # -- Lightning hooks and workarounds, each with its reason ----------------------------------------
@@ -72,6 +73,8 @@ class OffPolicyModule(L.LightningModule):
         """The RL step runs without dropout: ``old_logp``, the sampler's log-probs and the loss must be one
         function of the weights. Lightning's evaluation loop restores each module's mode, so eval mode stays."""
         self.policy.eval()
+        if self.cfg.eval_at_start and self.version == 0:  # the starting policy's held-out score, at step 0
+            self.heldout_evaluation()
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.policy.parameters(), lr=self.cfg.lr)
@@ -193,14 +196,20 @@ class OffPolicyModule(L.LightningModule):
 
     # -- held-out evaluation -------------------------------------------------------------------------
     def validation_step(self, batch, batch_idx):
+        stats = self.heldout_evaluation()
+        self.log("val/pass_rate", stats["pass_rate"], prog_bar=True, logger=False, batch_size=1)
+
+    def heldout_evaluation(self) -> dict:
+        """Evaluate the current policy on the held-out tasks; keep and log it at the policy version it measures."""
         cfg = self.cfg
         stats = evaluate(self.policy, self.spec, None, cfg.eval_episodes, cfg.seed + 10_000, cfg.temperature)
         self.last_eval = {"step": self.version, **stats}
+        self.evals.append(self.last_eval)
         keys = ("pass_rate", *self.spec.metrics, "invalid")
-        self.log("val/pass_rate", stats["pass_rate"], prog_bar=True, logger=False, batch_size=1)
         if self.logger is not None and self.trainer.is_global_zero:
             # stepped by the policy version, so the held-out point sits at the update count it measures
             self.logger.log_metrics({f"val/{k}": float(stats[k]) for k in keys}, step=self.version)
+        return stats
 
 
 class Stopwatch:

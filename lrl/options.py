@@ -101,8 +101,11 @@ def check_field(name: str, value, annotation, meta) -> list[str]:
     choices = meta.get("choices")
     if choices is not None:
         allowed = choices.names() if isinstance(choices, Registry) else list(choices)
-        if value not in allowed:
-            return [f"{name}: {value!r} is not allowed; choose one of {', '.join(allowed)}"]
+        for item in value if isinstance(value, list) else [value]:
+            if item not in allowed:
+                return [
+                    f"{name}: {item!r} is not allowed; choose one of {', '.join(allowed) or '(none registered)'}"
+                ]
     tests = {
         "ge": lambda v, b: v >= b,
         "gt": lambda v, b: v > b,

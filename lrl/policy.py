@@ -97,9 +97,17 @@ def check_vocabulary(model, tok) -> None:
 
 def save_policy(model, tok, path: str | Path) -> Path:
     """save_pretrained plus the tokenizer (the word list, or the transformers files), so load_policy restores both."""
+    from transformers.utils import logging as hf_logging
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar per save of a tiny model is noise on the console
+    try:
+        model.save_pretrained(path)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     if isinstance(tok, WordTokenizer):
         tok.save(path)
     else:

@@ -79,10 +79,12 @@ class Registry:
 SAMPLERS = Registry("sampler")
 CORRECTIONS = Registry("correction")
 ENVS = Registry("env")
+CALLBACKS = Registry("callback")  # extra monitoring callbacks, chosen by name in the config's `callbacks`
 
 
 def load_builtins() -> None:
     """Import the packages whose built-in entries register themselves (idempotent)."""
+    import callbacks  # noqa: F401
     import lrl.envs  # noqa: F401
     import lrl.weights  # noqa: F401
     import samplers  # noqa: F401

@@ -135,7 +135,12 @@ def evaluate(
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     batch_tasks = [t for t in tasks for _ in range(episodes_per_task)]
-    decoder = TrainerStyleDecoder(model, spec.tok.pad_id)
+    if spec.eval_decode == "kvcache":  # long episodes: one position per decode step (lrl/kvcache.py)
+        from lrl.kvcache import KVCacheDecoder
+
+        decoder = KVCacheDecoder(model, spec.tok.pad_id)
+    else:
+        decoder = TrainerStyleDecoder(model, spec.tok.pad_id)
     episodes = run_episodes(decoder, spec, batch_tasks, generator, Sampling(temperature))
     model.train(was_training)
     n = len(episodes)

@@ -72,7 +72,10 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     ckpt_path = resume_path(cfg)
     if ckpt_path is not None:
         check_resume(ckpt_path, cfg)
-    tok, loaded = load_run_policy(cfg) if policy is None else (None, policy)
+    if policy is None:
+        tok, loaded = load_run_policy(cfg)
+    else:  # a policy given in code; the tokenizer still comes from the config
+        tok, loaded = load_run_policy(cfg.replace(model=None))[0], policy
     spec = make_env(cfg, tok)
     if loaded is None:
         loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=cfg.seed)

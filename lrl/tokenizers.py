@@ -85,10 +85,11 @@ class HFTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special)
 
     def _message(self, text: str) -> list[int]:
-        out = self.hf.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        return list(out["input_ids"] if isinstance(out, dict) else out)
+        messages = [{"role": "user", "content": text}]
+        out = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(
+            out["input_ids"] if hasattr(out, "keys") else out
+        )  # a dict in transformers 5, a list before
 
     def prompt(self, text: str) -> list[int]:
         if self.chat:

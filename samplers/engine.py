@@ -4,7 +4,7 @@ The weights are a **copy in the engine's own dtype** (float32, bfloat16 or float
 weight sync, optionally rounded to FP8 and optionally ``lag`` versions old (the other two sampler axes).
 Each token is drawn from that step's logits normalised in fp32 at the sampling temperature, optionally
 truncated by top-k / top-p; the recorded log-prob is that of the truncated, renormalised distribution the
-token was actually drawn from (mu). The decode path itself is ``samplers.kvcache``.
+token was actually drawn from (mu). The decode path itself is ``lrl.kvcache``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import copy
 import torch
 
 from lrl.decoding import Sampling
+from lrl.kvcache import KVCacheDecoder, cache_argument
 from samplers.base import BehaviorSampler, Transform
-from samplers.kvcache import KVCacheDecoder, cache_argument
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

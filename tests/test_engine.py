@@ -10,12 +10,12 @@ from lrl.batch import collate, pad_right
 from lrl.config import Config, ConfigError
 from lrl.decoding import Sampling, truncated_log_probs
 from lrl.envs.tinyagent import build_tokenizer, make_tasks, tinyagent_spec
+from lrl.kvcache import KVCacheDecoder, engine_generate, engine_score
 from lrl.policy import ModelLoadError, load_policy, make_policy, sequence_log_probs
 from lrl.rollout import run_episodes
 from samplers import make_sampler
 from samplers.engine import EngineSampler
 from samplers.fp8 import round_fp8
-from samplers.kvcache import KVCacheDecoder, engine_generate, engine_score
 
 
 @pytest.fixture(scope="module")

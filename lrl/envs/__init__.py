@@ -18,7 +18,7 @@ def make_env(cfg, tok=None) -> EnvSpec:
     return ENVS.get(cfg.env).factory(cfg, tok)
 
 
-from lrl.envs import tinyagent  # noqa: E402  (registers the built-in environments)
+from lrl.envs import review, tinyagent  # noqa: E402  (registers the built-in environments)
 
 __all__ = [
     "Env",
@@ -29,4 +29,5 @@ __all__ = [
     "make_env",
     "ENVS",
     "tinyagent",
+    "review",
 ]

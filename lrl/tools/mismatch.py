@@ -107,8 +107,8 @@ def load_model(path: str | None, device: str):
 def measure(model, tok, args) -> dict:
     """Sample engine-style, recompute trainer-style, compare -> the results dict (see --json)."""
     from lrl.envs.tinyagent import make_tasks
+    from lrl.kvcache import engine_generate, engine_score
     from samplers.engine import check_device_dtype, engine_dtype
-    from samplers.kvcache import engine_generate, engine_score
 
     dtype = engine_dtype(args.engine_dtype)
     prompts = gym_prompts(tok, make_tasks("all"))

@@ -1,0 +1,116 @@
+"""A user's own sampler, correction, environment and metric, outside lrl: ``--plugins my_plugin``.
+
+Each registers itself with lrl when this module is imported; docs/extending.md explains them one by one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import lightning as L
+
+import callbacks
+import lrl.envs
+import lrl.weights
+import samplers
+from lrl.decoding import Sampling
+from lrl.envs import EnvSpec, StepResult
+from lrl.policy import make_policy
+from lrl.tokenizers import WordTokenizer
+from lrl.warmstart import fit_demonstrations
+
+
+# -- a sampler: the weights `lag` updates old, drawing only among the `top_k` most likely tokens ----------
+@samplers.register("lagged_topk", uses=("lag", "top_k"))
+def lagged_topk(cfg, tok):
+    """the weights `lag` updates old, sampled among the top_k most likely tokens (trainer-style decoding)"""
+    return samplers.BehaviorSampler(tok, cfg.lag, sampling=Sampling(cfg.temperature, top_k=cfg.top_k or 5))
+
+
+# -- a correction: truncate the ratio on both sides, into [1/cap, cap] -------------------------------------
+@lrl.weights.register_correction("tis_both", uses=("cap",))
+def tis_both(logp_trainer, logp_sampler, mask, cfg):
+    """importance weights pi_old/mu clamped into [1/cap, cap]: [B, T] -> [B, T], 0 off the mask"""
+    log_ratio = (logp_trainer - logp_sampler).detach()
+    return log_ratio.clamp(-math.log(cfg.cap), math.log(cfg.cap)).exp() * mask
+
+
+# -- an environment: repeat the word you are shown --------------------------------------------------------
+WORDS = ("apple", "river", "stone", "cloud", "ember", "field", "glass", "honey", "ivory", "jewel")
+
+
+@dataclass(frozen=True)
+class EchoTask:
+    task_id: int
+    word: str
+
+
+def echo_base(tok):
+    """A few seconds of supervised warm start: say a word, the right one half of the time."""
+    rng = random.Random(0)
+
+    def draw(step):
+        demos = []
+        for _ in range(16):
+            shown = rng.choice(WORDS)
+            said = shown if rng.random() < 0.5 else rng.choice(WORDS)
+            prompt = tok.prompt(f"say {shown}")
+            demos.append((prompt + tok.encode(said) + [tok.eos_id], [False] * len(prompt) + [True, True]))
+        return demos
+
+    return fit_demonstrations(make_policy(tok, seed=0), draw, steps=40, lr=3e-3, pad_id=tok.pad_id)
+
+
+class EchoEnv:
+    """Shows a word; the action must be that word and eos (reward 1), else 0. One turn."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.task = None
+
+    def reset(self, task: EchoTask) -> list[int]:
+        self.task = task
+        return self.tok.prompt(f"say {task.word}")
+
+    def step(self, action: list[int]) -> StepResult:
+        well_formed = bool(action) and action[-1] == self.tok.eos_id
+        said = self.tok.decode(action[:-1], skip_special=False) if well_formed else None
+        info = {"invalid": said is None, "truncated": False, "metrics": {"said_a_word": float(said in WORDS)}}
+        return StepResult([], float(said == self.task.word), True, info)
+
+
+@lrl.envs.register_env("echo", defaults={"max_turns": 1, "tasks_per_step": 4})
+def echo(cfg, tok=None) -> EnvSpec:
+    """repeat the shown word (one turn; reward 1 for the word itself)"""
+    tok = tok if tok is not None else WordTokenizer(["say", *WORDS])
+    tasks = [EchoTask(i, w) for i, w in enumerate(WORDS)]
+    return EnvSpec(
+        name="echo",
+        tok=tok,
+        make=lambda: EchoEnv(tok),
+        train_tasks=tasks[:6],
+        heldout_tasks=tasks[6:],
+        max_action_tokens=2,
+        metrics=("said_a_word",),
+        warm_start=lambda: echo_base(tok),
+    )
+
+
+# -- a metric: the share of episodes whose advantage is not zero (the step's learning signal) -------------
+class SignalMonitor(L.Callback):
+    """Logs train/with_signal: the share of the step's episodes that carry a non-zero advantage."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = pl_module.last_step
+        share = (step.batch["advantage"] != 0).float().mean().item()
+        for logger in trainer.loggers:
+            logger.log_metrics({"train/with_signal": share}, step=trainer.global_step)
+        self.last = share
+
+
+@callbacks.register("signal")
+def signal(cfg):
+    """train/with_signal: the share of episodes with a non-zero advantage"""
+    return SignalMonitor()

@@ -1,0 +1,71 @@
+"""Review: a long-horizon environment. Judge every line of a file, a page per turn; pass only if all are right.
+
+Files are 20 to 140 lines long (whole pages of 10, log-uniform), so an episode generates about 40 to 300
+tokens over 2 to 14 turns, and a batch mixes episodes of very different lengths. Registered as ``review``; see docs/review.md.
+"""
+
+from __future__ import annotations
+
+from lrl.envs.base import EnvSpec
+from lrl.envs.review.env import ReviewEnv, action_budget
+from lrl.envs.review.tasks import MAX_LINES, PAGE, ReviewTask, make_reviews, random_review, review_words
+from lrl.registry import ENVS
+from lrl.tokenizers import WordTokenizer
+
+
+def review_tokenizer() -> WordTokenizer:
+    return WordTokenizer(review_words())
+
+
+def review_spec(tok=None, max_turns: int = 14) -> EnvSpec:
+    """The review environment's EnvSpec for a tokenizer (None: its word tokenizer) and turn limit."""
+    from lrl.envs.review.base import make_review_base
+
+    tok = tok if tok is not None else review_tokenizer()
+    return EnvSpec(
+        name="review",
+        tok=tok,
+        make=lambda: ReviewEnv(tok, max_turns),
+        train_tasks=make_reviews("train"),
+        heldout_tasks=make_reviews("heldout"),
+        max_action_tokens=action_budget(tok),
+        metrics=("wrong", "lines"),
+        warm_start=lambda: make_review_base(tok, verbose=True),
+        eval_decode="kvcache",
+    )
+
+
+def _check(cfg) -> list[str]:
+    n = len(make_reviews("train"))
+    if cfg.tasks_per_step > n:
+        return [f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of review"]
+    return []
+
+
+REVIEW_DEFAULTS = {
+    "max_turns": 14,
+    "sampler": "engine",
+    "tasks_per_step": 8,
+    "episodes_per_task": 4,
+    "minibatches": 2,
+    "eval_episodes": 4,
+    "eval_every": 10,
+}
+
+
+@ENVS.register("review", uses=("max_turns",), check=_check, defaults=REVIEW_DEFAULTS)
+def review(cfg, tok=None) -> EnvSpec:
+    """judge every line of a 20-140 line file, a page per turn (long, varied episodes; reward 1 if all right)"""
+    return review_spec(tok, cfg.max_turns)
+
+
+__all__ = [
+    "ReviewEnv",
+    "ReviewTask",
+    "make_reviews",
+    "random_review",
+    "review_spec",
+    "review_tokenizer",
+    "MAX_LINES",
+    "PAGE",
+]
