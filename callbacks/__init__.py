@@ -14,6 +14,7 @@ makes the set a Config switches on; docs/monitoring.md lists every key.
 from __future__ import annotations
 
 from callbacks.health import HealthCheck, HealthCheckError
+from callbacks.jumps import JumpMonitor
 from callbacks.mismatch import MismatchMonitor
 from callbacks.staleness import StalenessMonitor
 from callbacks.timing import TimingMonitor
@@ -29,6 +30,8 @@ def build_callbacks(cfg) -> list:
         out.append(MismatchMonitor(cfg.cap, cfg.low, cfg.high, histogram_every=cfg.histogram_every))
     if cfg.monitor_staleness:
         out.append(StalenessMonitor(histogram_every=cfg.histogram_every))
+    if cfg.monitor_jumps:
+        out.append(JumpMonitor(cfg.jump_factor))
     out += [CALLBACKS.get(name).factory(cfg) for name in cfg.callbacks]
     if cfg.monitor_timing:
         out.append(TimingMonitor())
@@ -42,6 +45,7 @@ __all__ = [
     "register",
     "HealthCheck",
     "HealthCheckError",
+    "JumpMonitor",
     "MismatchMonitor",
     "StalenessMonitor",
     "TimingMonitor",

@@ -26,6 +26,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not exists(path):
         raise ConfigError(f"config: {str(path)!r} does not exist")
     path = Path(path)
+    if not path.is_file():  # a folder, a pipe (which would block the read), a device
+        raise ConfigError(f"config: {str(path)!r} is not a regular file")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:

@@ -37,6 +37,8 @@ class Batch(TypedDict):
     index: NotRequired[torch.Tensor]  # [] the batch's position in the stream
     sample_time: NotRequired[torch.Tensor]  # [] seconds spent sampling it
     sampled_length: NotRequired[torch.Tensor]  # [M] lengths of every episode launched for it, if more than B
+    pipeline: NotRequired[dict[str, float]]  # async: the step's pipeline/* metrics
+    ledger: NotRequired[dict[str, list[str]]]  # async: trained_ids and dropped_ids, "<rank>:<serial>"
 
 
 def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

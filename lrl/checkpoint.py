@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import tempfile
 import warnings
 from pathlib import Path
@@ -38,6 +39,7 @@ RESUMABLE_CHANGES = {
     "eval_every",
     "eval_episodes",
     "eval_at_start",
+    "step_kl",
     "accelerator",
     "monitor_mismatch",
     "monitor_staleness",
@@ -47,6 +49,9 @@ RESUMABLE_CHANGES = {
     "health_threshold_p99",
     "health_strict",
     "histogram_every",
+    "overwrite",
+    "monitor_jumps",
+    "jump_factor",
 }
 
 
@@ -57,7 +62,8 @@ def atomic_write(path: str | Path, write) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # the pid in the name lets a later run remove what a killed write left (lrl.runs.clean_stale_temporaries)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -93,27 +99,28 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class HistoryFile(L.Callback):
-    """Writes ``module.history`` as JSONL: one line per step, flushed as the step ends (rank 0 only).
+    """Appends ``module.history`` to a JSONL file: one line per step, flushed as the step ends (rank 0 only).
 
-    At fit start the file is rewritten from the module's history, which is empty for a new run and, for a
-    resumed run, the history stored in the checkpoint: lines of steps the killed run took after its last
-    checkpoint are dropped, and the resumed run writes them again.
+    The file is only ever appended to (a user's own file keeps its content). Every line names the run folder it
+    belongs to (``run``); a resumed run appends the steps it replays after its checkpoint again, and
+    :func:`read_history` keeps the last line of each step of the newest run.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, run: str | None = None):
         self.path = Path(path)
+        self.run = run
         self._file = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero:
             return
-        lines = "".join(json.dumps(h) + "\n" for h in pl_module.history)
-        atomic_write(self.path, lambda f: f.write(lines.encode()))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a")  # noqa: SIM115 (kept open for the run, closed at fit end)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._file is not None and pl_module.history:
-            self._file.write(json.dumps(pl_module.history[-1]) + "\n")
+            line = {**pl_module.history[-1], **({"run": self.run} if self.run else {})}
+            self._file.write(json.dumps(line) + "\n")
             self._file.flush()
 
     def on_fit_end(self, trainer, pl_module) -> None:
@@ -125,19 +132,64 @@ class HistoryFile(L.Callback):
             self._file = None
 
 
-def read_history(path: str | Path) -> list[dict[str, float]]:
-    """The lines of a history file -> list of per-step dicts."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+def read_history(path: str | Path, every_line: bool = False) -> list[dict]:
+    """A history file -> the newest run's steps, one dict per step (the last line written for it), in step
+    order; lines that are not JSON objects (a user's own notes) are skipped. ``every_line``: all JSON lines."""
+    lines = []
+    for text in Path(path).read_text().splitlines():
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(line, dict) and "step" in line:
+            lines.append(line)
+    if every_line or not lines:
+        return lines
+    run = lines[-1].get("run")
+    steps = {line["step"]: line for line in lines if line.get("run") == run}
+    return [steps[k] for k in sorted(steps)]
 
 
-def checkpoint_dir(cfg: Config) -> Path:
-    return (
-        Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else Path(cfg.log_dir) / cfg.run_name / "checkpoints"
-    )
+class GracefulStop(L.Callback):
+    """SIGINT (Ctrl-C) or SIGTERM stops the run at the end of the current step, after writing a last checkpoint
+    when checkpoints are on; ``stopped`` is the signal's number. A second signal stops at once."""
+
+    def __init__(self, checkpoints: Path | None):
+        self.checkpoints = checkpoints
+        self.stopped: int | None = None
+        self._previous: dict = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: leave signals to the caller
+                return
+
+    def _handle(self, signum, frame) -> None:
+        if self.stopped is not None:  # the second one: stop now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.stopped = signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.stopped is None:
+            return
+        if self.checkpoints is not None:
+            trainer.save_checkpoint(self.checkpoints / "last.ckpt")
+        trainer.should_stop = True
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.teardown(trainer, pl_module, "fit")
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
 
 
-def robustness_callbacks(cfg: Config) -> list:
-    """The checkpoint writer (every cfg.checkpoint_every steps) and the history file, as the config asks."""
+def robustness_callbacks(cfg: Config, checkpoints: Path | None, run: str | None = None) -> list:
+    """The checkpoint writer (every cfg.checkpoint_every steps, into `checkpoints`) and the history file."""
     out: list = []
     if cfg.checkpoint_every > 0:
         from lightning.pytorch.callbacks import ModelCheckpoint
@@ -147,7 +199,7 @@ def robustness_callbacks(cfg: Config) -> list:
         warnings.filterwarnings("ignore", ".*ModelCheckpoint with manual optimization.*")
         out.append(
             ModelCheckpoint(
-                dirpath=checkpoint_dir(cfg),
+                dirpath=checkpoints,
                 every_n_train_steps=cfg.checkpoint_every,
                 save_top_k=0,
                 save_last=True,
@@ -155,16 +207,9 @@ def robustness_callbacks(cfg: Config) -> list:
             )
         )
     if cfg.history_file:
-        out.append(HistoryFile(cfg.history_file))
+        out.append(HistoryFile(cfg.history_file, run))
+    out.append(GracefulStop(checkpoints if cfg.checkpoint_every > 0 else None))
     return out
-
-
-def resume_path(cfg: Config) -> str | None:
-    """The checkpoint to resume from: cfg.resume, or for 'last' <checkpoint_dir>/last.ckpt if it exists."""
-    if cfg.resume is None:
-        return None
-    path = checkpoint_dir(cfg) / "last.ckpt" if cfg.resume == "last" else Path(cfg.resume)
-    return str(path) if path.is_file() else None
 
 
 def check_resume(path: str, cfg: Config) -> None:
@@ -172,8 +217,9 @@ def check_resume(path: str, cfg: Config) -> None:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a file that is not a checkpoint
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise ConfigError(
-            f"resume: {path!r} is not a readable checkpoint ({type(err).__name__}: {err})"
+            f"resume: {path!r} is not a readable checkpoint ({type(err).__name__}: {first})"
         ) from None
     saved = ckpt.get("lrl", {}).get("config") if isinstance(ckpt, dict) else None
     if saved is None:

@@ -41,12 +41,16 @@ class Config:
     checkpoint_every: int = option(
         0, "write <checkpoint_dir>/last.ckpt (atomically) every N steps; 0: off", ge=0, le=MAX_INT
     )
-    checkpoint_dir: str | None = option(None, "checkpoint folder; default: <log_dir>/<run_name>/checkpoints")
+    checkpoint_dir: str | None = option(None, "checkpoint folder; default: the run folder's checkpoints/")
     resume: str | None = option(
-        None, "continue from this checkpoint; 'last': <checkpoint_dir>/last.ckpt if it exists"
+        None,
+        "continue a run: 'last' (the newest resumable run of log_dir/run_name), a run folder, or a checkpoint",
     )
     history_file: str | None = option(
         None, "append every step's logged metrics to this JSONL file, flushed each step"
+    )
+    overwrite: bool = option(
+        False, "replace an existing last.ckpt in --checkpoint-dir instead of refusing to start"
     )
     plugins: list[str] = option(
         [], "modules to import before the config is validated (they register entries)"
@@ -81,13 +85,62 @@ class Config:
     episodes_per_task: int = option(
         8, "episodes per task per step (the group for advantage normalisation)", gt=0, le=MAX_INT
     )
+    invalid_penalty: float = option(
+        0.0,
+        "subtracted from a malformed episode's reward for its advantage (the score is unchanged)",
+        ge=0,
+        le=10,
+    )
     temperature: float = option(1.0, "sampling and training temperature", ge=0.01, le=100)
+    # rollout pipeline
+    pipeline: str = option(
+        "sync",
+        "sync: sample inside the step; async: rollout worker processes beside the trainer",
+        choices=("sync", "async"),
+    )
+    rollout_workers: int = option(
+        1, "async: rollout worker processes (spawned, one torch thread each)", ge=1, le=256
+    )
+    max_staleness: int = option(
+        1, "async: no trained token is more than this many versions behind the trainer", ge=0, le=1000
+    )
+    partial_rollouts: str = option(
+        "interrupt",
+        "async: interrupt (switch weights at the next token) or drain (finish on the old ones)",
+        choices=("interrupt", "drain"),
+    )
+    deterministic: bool = option(
+        False, "async: weights switch on a logical clock, so runs repeat exactly (slower)"
+    )
+    switch_tokens: int = option(
+        4, "async, deterministic, interrupt: decode steps between scheduled weight switches", ge=1, le=MAX_INT
+    )
     # update
     lr: float = option(5e-4, "Adam learning rate", gt=0)
     minibatches: int = option(4, "shuffled minibatch updates per sampled batch", gt=0, le=MAX_INT)
     eps_low: float = option(0.2, "lower clip of the ratio pi/pi_old (1 - eps_low)", ge=0, lt=1)
     eps_high: float = option(0.28, "upper clip of the ratio pi/pi_old (1 + eps_high)", ge=0, lt=1)
     max_grad_norm: float = option(1.0, "gradient-norm clip", gt=0)
+    adam_eps: float = option(
+        1e-8, "Adam's epsilon (damps the normalised step of parameters with tiny gradients)", gt=0, lt=1
+    )
+    lr_schedule: str = option(
+        "constant",
+        "learning rate over the run: constant, or a cosine down to lr * lr_final",
+        choices=("constant", "cosine"),
+    )
+    lr_final: float = option(
+        0.1, "cosine schedule: the last step's learning rate, as a share of lr", ge=0, le=1
+    )
+    target_kl: float | None = option(
+        None, "stop a step's minibatch updates once KL(pi_old || pi) on the next minibatch exceeds this", gt=0
+    )
+    max_step_kl: float | None = option(
+        None, "take a step back (weights and Adam state) when its train/step_kl exceeds this", gt=0
+    )
+    step_kl: bool = option(
+        True, "measure KL(pi_old || pi_new) on each step's batch after its updates (one forward)"
+    )
     # behavior sampler
     sampler: str = option("onpolicy", "behavior sampler (a registered name)", choices=SAMPLERS)
     lag: int = option(0, "updates the behavior weights lag the trainer", ge=0, le=10_000, scope="sampler")
@@ -137,6 +190,12 @@ class Config:
     monitor_mismatch: bool = option(True, "log mismatch/* distribution statistics and a histogram every step")
     monitor_staleness: bool = option(True, "log staleness/* per episode, running means and histograms")
     monitor_timing: bool = option(True, "log time/step and each phase's share of it")
+    monitor_jumps: bool = option(
+        True, "warn when train/step_kl or train/invalid jumps far above its recent level"
+    )
+    jump_factor: float = option(
+        5.0, "jump monitor: a jump is a value above this many times the recent median", gt=1
+    )
     health_check: bool = option(
         True, "check at the first step that the same-weights sampler agrees with the trainer"
     )
@@ -204,6 +263,12 @@ def _registry_rules(cfg: Config) -> list[str]:
 
 def _shared_rules(cfg: Config) -> list[str]:
     problems = []
+    if cfg.pipeline == "async" and cfg.lag:
+        problems.append(
+            f"lag: {cfg.lag} does not apply to --pipeline async: staleness comes from timing, bounded by max_staleness"
+        )
+    if cfg.max_step_kl is not None and not cfg.step_kl:
+        problems.append("max_step_kl: the update guard needs step_kl: true (it measures the step's KL)")
     if cfg.low > cfg.high:
         problems.append(f"low/high: the MIS band [{cfg.low}, {cfg.high}] is empty; need low <= high")
     if cfg.minibatches > cfg.tasks_per_step * cfg.episodes_per_task:
@@ -221,7 +286,9 @@ def _shared_rules(cfg: Config) -> list[str]:
                 f"{name}: {getattr(cfg, name)!r} does not exist; give a local save_pretrained directory"
             )
     if cfg.resume is not None and cfg.resume != "last" and not exists(cfg.resume):
-        problems.append(f"resume: {cfg.resume!r} does not exist; give a checkpoint file or 'last'")
+        problems.append(
+            f"resume: {cfg.resume!r} does not exist; give a run folder, a checkpoint file or 'last'"
+        )
     return problems
 
 

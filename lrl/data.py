@@ -63,6 +63,7 @@ class RolloutStream:
         self.produced = 0
         self.carry: list[int] = []  # indices into `tasks` of failed episodes, drawn first into the next batch
         self.position = {t.task_id: i for i, t in enumerate(self.tasks)}
+        self.pipeline = None  # lrl.pipeline.AsyncRollouts when the rollouts run in worker processes
 
     def choose_tasks(self) -> list:
         """Draw the step's tasks without replacement, each repeated episodes_per_task times.
@@ -89,8 +90,11 @@ class RolloutStream:
 
         return dataclasses.replace(self.spec, make=make)
 
-    def next_batch(self) -> Batch:
-        """Sample, collate and score one batch with the sampler's current behavior weights."""
+    def next_batch(self, version: int = 0) -> Batch:
+        """Sample, collate and score one batch with the sampler's current behavior weights (or take it from the
+        rollout workers, for the trainer at `version`)."""
+        if self.pipeline is not None:
+            return self._from_workers(version)
         start = time.perf_counter()
         tasks = self.choose_tasks()
         envs = []
@@ -101,7 +105,10 @@ class RolloutStream:
                 "with spec.make(), so environment failures cannot be injected"
             )
         batch = collate(episodes, self.spec.tok.pad_id, self.spec.metrics)
-        batch["advantage"] = group_advantages(batch["reward"], batch["task_id"], 1.0 - batch["env_failure"])
+        shaped = (
+            batch["reward"] - self.cfg.invalid_penalty * batch["invalid"]
+        )  # what the advantages are made of
+        batch["advantage"] = group_advantages(shaped, batch["task_id"], 1.0 - batch["env_failure"])
         batch["env_turns"] = torch.tensor([env.turns for env in envs], dtype=torch.float32)  # [B]
         failed = [self.position[ep.task.task_id] for ep in episodes if ep.env_failure]
         self.carry += [i for i in dict.fromkeys(failed) if i not in self.carry]
@@ -110,20 +117,36 @@ class RolloutStream:
         self.produced += 1
         return batch
 
+    def _from_workers(self, version: int) -> Batch:
+        start = time.perf_counter()
+        batch, info = self.pipeline.next_batch(version)
+        batch["pipeline"] = {k: v for k, v in info.items() if k.startswith("pipeline/")}
+        batch["ledger"] = {"trained_ids": info["trained_ids"], "dropped_ids": info["dropped_ids"]}
+        batch["index"] = torch.tensor(self.produced)
+        batch["sample_time"] = torch.tensor(time.perf_counter() - start)
+        self.produced += 1
+        return batch
+
     def state_dict(self) -> dict:
-        """Everything the stream needs to continue exactly: generator states, batches produced, carried tasks."""
-        return {
+        """Everything the stream needs to continue exactly: generator states, batches produced, carried tasks,
+        and, in async mode, the rollout workers' queue, in-flight episodes and ledger."""
+        state = {
             "generator": self.generator.get_state(),
             "env_generator": self.env_generator.get_state(),
             "produced": self.produced,
             "carry": list(self.carry),
         }
+        if self.pipeline is not None:
+            state["pipeline"] = self.pipeline.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
         self.env_generator.set_state(state["env_generator"])
         self.produced = state["produced"]
         self.carry = list(state["carry"])
+        if self.pipeline is not None and "pipeline" in state:
+            self.pipeline.load_state_dict(state["pipeline"])
 
 
 class Deferred:
@@ -132,8 +155,8 @@ class Deferred:
     def __init__(self, stream: RolloutStream):
         self.stream = stream
 
-    def get(self) -> Batch:
-        return self.stream.next_batch()
+    def get(self, version: int = 0) -> Batch:
+        return self.stream.next_batch(version)
 
 
 class _StepCues(Dataset):
@@ -202,6 +225,16 @@ class RolloutDataModule(L.LightningDataModule):
         self.stream.tasks_per_step = self.cfg.tasks_per_step // self.world_size  # Config checks it divides
         self.generator.manual_seed(rank_seed(self.cfg.seed, self.rank))
         self.stream.env_generator.manual_seed(rank_seed(self.cfg.seed + 2, self.rank))
+        if self.stream.pipeline is not None:
+            self.stream.pipeline.rank = self.rank
+
+    def teardown(self, stage: str) -> None:
+        if self.stream.pipeline is not None:
+            self.stream.pipeline.close()
+
+    def on_exception(self, exception: BaseException) -> None:
+        if self.stream.pipeline is not None:
+            self.stream.pipeline.close()
 
     def train_dataloader(self):
         return _StepLoader(self.stream, self.cfg.max_steps)

@@ -191,6 +191,12 @@ class KVCacheDecoder:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.batch.feed(tokens[:, None])  # one decode step
 
+    def reset(self) -> None:
+        """Forget every cache (the weights changed): the next prefill starts from the sequences themselves."""
+        self.kept = {}
+        self.batch = None
+        self.keys = []
+
     def keep(self, rows: Sequence[int]) -> None:
         if self.reuse_cache:
             for j in set(range(len(self.keys))) - set(rows):  # finished its action: keep its cache

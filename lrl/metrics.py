@@ -5,7 +5,9 @@
 all tokens), ``maxes`` to a value reduced by maximum. One name per quantity, one prefix per area:
 
 - ``train/``: reward, invalid, the environment's per-episode counts (``train/reads``), ``action_tokens``
-  (generated tokens per episode), ``skipped``, and the update's loss, clip_frac, approx_kl, entropy, grad_norm;
+  (generated tokens per episode), ``skipped``, the update's loss, clip_frac, approx_kl, entropy, grad_norm,
+  and ``step_kl`` / ``step_max_log_ratio``: KL(pi_old || pi_new) and the largest |log ratio| on the step's
+  own batch after all its minibatches (approx_kl, measured before each minibatch, never sees the last one);
 - ``mismatch/abs_mean``, ``mismatch/over_cap``: mean |log pi_old - log mu| over action tokens and the share
   above the TIS cap, from the raw ratios (the monitoring callback adds the rest of the distribution);
 - ``offpolicy/``: ``masked`` (share of action tokens with weight 0), ``seq_over_cap`` and
@@ -30,9 +32,18 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def step_metrics(
-    batch: Batch, old_logp, weights, updates: list[dict] | None, version: int, cfg, times: dict[str, float]
+    batch: Batch,
+    old_logp,
+    weights,
+    updates: list[dict] | None,
+    version: int,
+    cfg,
+    times: dict[str, float],
+    shift: dict[str, float] | None = None,
+    control: dict[str, float] | None = None,
 ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
-    """One step's metrics as (value, weight) means and maxima; `updates` is None for a skipped step."""
+    """One step's metrics as (value, weight) means and maxima; `updates` is None for a skipped step, `shift` the
+    policy's movement over the whole step (lrl.stats.policy_shift) when it was measured."""
     mask = batch["action_mask"]
     on = mask.bool()
     valid = 1.0 - batch["env_failure"]  # [B]
@@ -65,6 +76,11 @@ def step_metrics(
         means.update({f"train/{k}": (0.0, 1.0) for k in UPDATE_KEYS})
     means.update(_env_failure_metrics(batch, valid))
     maxes = {"staleness/token_max": float(lag.max().item()) if len(lag) else 0.0}
+    means.update({k: (float(v), 1.0) for k, v in (control or {}).items()})
+    means.update({k: (float(v), 1.0) for k, v in batch.get("pipeline", {}).items()})
+    if shift is not None:
+        means["train/step_kl"] = (shift["step_kl"], n_tokens)
+        maxes["train/step_max_log_ratio"] = shift["step_max_log_ratio"]
     return means, maxes
 
 

@@ -23,7 +23,18 @@ from lrl.losses import clipped_policy_loss
 from lrl.metrics import masked_mean, step_metrics
 from lrl.policy import sequence_log_probs
 from lrl.rollout import evaluate
-from lrl.update import Minibatch, NumericalError, nonfinite, not_applied, plan_update, raise_if_nonfinite
+from lrl.stats import policy_shift
+from lrl.update import (
+    Minibatch,
+    NumericalError,
+    UpdateGuard,
+    UpdatePlan,
+    learning_rate,
+    nonfinite,
+    not_applied,
+    plan_update,
+    raise_if_nonfinite,
+)
 from lrl.weights import behavior_weights
 
 __all__ = ["OffPolicyModule", "StepRecord", "NumericalError"]
@@ -58,6 +69,7 @@ class OffPolicyModule(L.LightningModule):
         self.last_eval: dict | None = None
         self.evals: list[dict] = []  # every held-out evaluation of this process, with its policy version
         self._sampler_state: dict | None = None
+        self.run_dir: str | None = None  # the run folder (lrl.runs), recorded in checkpoints
 
     # -- Lightning hooks and workarounds, each with its reason ----------------------------------------
     def on_fit_start(self) -> None:
@@ -77,14 +89,16 @@ class OffPolicyModule(L.LightningModule):
             self.heldout_evaluation()
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.policy.parameters(), lr=self.cfg.lr)
+        return torch.optim.Adam(self.policy.parameters(), lr=self.cfg.lr, eps=self.cfg.adam_eps)
 
     # -- one step ------------------------------------------------------------------------------------
     def training_step(self, deferred, batch_idx):
         cfg = self.cfg
         version = self.version
         ranks = Ranks.of(self)
-        batch = to_device(deferred.get(), self.device)  # sampled here, after the previous weight sync
+        batch = to_device(
+            deferred.get(self.version), self.device
+        )  # sampled here, after the previous weight sync
         where = f"step {version} (batch {int(batch['index'])})"
         clock = Stopwatch()
         with torch.no_grad():
@@ -92,20 +106,47 @@ class OffPolicyModule(L.LightningModule):
         clock.lap("old_logp")
         weights = behavior_weights(old_logp, batch["sample_logp"], batch["action_mask"], cfg)  # [B, T-1]
         plan = plan_update(batch, old_logp, weights, ranks, cfg.minibatches, self.shuffle, where)
-        updates = (
-            [self.minibatch_update(mb, ranks) for mb in plan.minibatches] if plan.signal else self.skip()
-        )
+        guard = UpdateGuard(self.policy, self.optimizers().optimizer) if cfg.max_step_kl else None
+        updates = self.update(plan, ranks, learning_rate(cfg, version))
         clock.lap("update")
+        shift = self.measure_shift(batch, old_logp) if cfg.step_kl else None
+        control = {"train/lr": learning_rate(cfg, version), "train/minibatches_done": len(updates or [])}
+        if guard is not None:  # the whole step moved the policy too far on its own batch: take it back
+            control["train/reverted"] = float(guard.check(shift["step_kl"], cfg.max_step_kl))
         self.version += 1
         self.sampler.sync(self.policy, self.version)  # the weight sync
         clock.lap("sync")
-        metrics = ranks.weighted_means(
-            *step_metrics(batch, old_logp, weights, updates, version, cfg, clock.laps)
+        means, maxes = step_metrics(
+            batch, old_logp, weights, updates, version, cfg, clock.laps, shift, control
         )
+        metrics = ranks.weighted_means(means, maxes)
         self.publish(StepRecord(version, batch, old_logp, weights, metrics))
 
-    def minibatch_update(self, mb: Minibatch, ranks: Ranks) -> dict[str, torch.Tensor]:
-        """One clipped update on this rank's rows of a minibatch -> its statistics (shares of the global mean)."""
+    def update(self, plan: UpdatePlan, ranks: Ranks, lr: float) -> list[dict] | None:
+        """The step's minibatch updates (None: no advantage signal, nothing to learn), stopped early once the
+        policy has moved past ``target_kl`` on the minibatch about to be used."""
+        optimizer = self.optimizers()
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        updates = None
+        if plan.signal:
+            updates = []
+            for mb in plan.minibatches:
+                stats = self.minibatch_update(mb, ranks)
+                if stats is None:
+                    break
+                updates.append(stats)
+        else:
+            self.skipped += 1
+        # one step through Lightning's optimizer wrapper per sampled batch, so that global_step counts batches
+        # (the minibatches step the torch optimizer directly); with no gradient left, Adam changes nothing
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        return updates
+
+    def minibatch_update(self, mb: Minibatch, ranks: Ranks) -> dict[str, torch.Tensor] | None:
+        """One clipped update on this rank's rows of a minibatch -> its statistics (shares of the global mean),
+        or None when the policy already moved past ``target_kl`` (the update is not taken)."""
         cfg = self.cfg
         optimizer = self.optimizers()
         if len(mb.ids):
@@ -130,8 +171,13 @@ class OffPolicyModule(L.LightningModule):
         if share != 1.0:  # this rank's share of the global per-token mean, so that DDP's average is that mean
             loss = loss * share
             st = {k: v * share for k, v in st.items()}
-        totals = ranks.all_reduce(torch.tensor([float(v) for v in bad.values()], dtype=torch.float64))
-        raise_if_nonfinite(bad, totals.tolist(), mb.where, applied=mb.index)
+        checked = [*(float(v) for v in bad.values()), float(st["approx_kl"])]
+        totals = ranks.all_reduce(torch.tensor(checked, dtype=torch.float64)).tolist()
+        raise_if_nonfinite(bad, totals[: len(bad)], mb.where, applied=mb.index)
+        if cfg.target_kl is not None and mb.index > 0 and totals[-1] > cfg.target_kl:
+            return (
+                None  # KL(pi_old || pi) on this minibatch, before its update, is past the target: stop here
+            )
         st["loss"] = loss.detach()
         optimizer.zero_grad()
         self.manual_backward(loss)
@@ -143,28 +189,33 @@ class OffPolicyModule(L.LightningModule):
             )
         st["grad_norm"] = grad_norm.detach()
         self.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
-        # only the last minibatch steps through Lightning's wrapper, so global_step counts sampled batches
-        (optimizer.step if mb.last else optimizer.optimizer.step)()
+        optimizer.optimizer.step()  # the torch optimizer itself; Lightning's counter is stepped once per batch
         return {k: v.detach() for k, v in st.items()}
 
-    def skip(self) -> None:
-        """A batch without advantage signal: no parameter holds a gradient, so Adam changes nothing (not even
-        its moments); the step still counts through Lightning's optimizer wrapper."""
-        optimizer = self.optimizers()
-        optimizer.zero_grad(set_to_none=True)
-        optimizer.step()
-        self.skipped += 1
-        return None
+    @torch.no_grad()
+    def measure_shift(self, batch, old_logp) -> dict[str, float]:
+        """How far the whole step moved the policy on its own batch, last minibatch included (lrl.stats)."""
+        new_logp = sequence_log_probs(
+            self.policy, batch["ids"], batch["attention_mask"], self.cfg.temperature
+        )
+        return policy_shift(old_logp, new_logp, batch["action_mask"])
 
     def publish(self, record: StepRecord) -> None:
         """Keep the step's record for the callbacks, append it to the history, log its metrics."""
         self.last_step = record
-        self.history.append({"step": record.version, "batch": int(record.batch["index"]), **record.metrics})
-        n = len(record.batch["ids"])
-        self.log_dict(record.metrics, on_step=True, on_epoch=False, batch_size=n)
-        self.log(
-            "reward", record.metrics["train/reward"], prog_bar=True, logger=False, on_step=True, batch_size=n
+        ledger = record.batch.get("ledger", {})  # async: the ids of the episodes trained and dropped
+        self.history.append(
+            {"step": record.version, "batch": int(record.batch["index"]), **record.metrics, **ledger}
         )
+        # straight to the loggers: Lightning's self.log would log a key again, with its old value, at every
+        # later step that does not log it (a skipped step has no entropy or grad_norm), and a resumed run would
+        # not; the step is the one Lightning gives the batch (callbacks log at it too)
+        if self._trainer is not None:
+            for logger in self.loggers:
+                logger.log_metrics(
+                    record.metrics, step=self.trainer.fit_loop.epoch_loop._batches_that_stepped
+                )
+        self.log("reward", record.metrics["train/reward"], prog_bar=True, logger=False, batch_size=1)
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -178,6 +229,7 @@ class OffPolicyModule(L.LightningModule):
             "sampler": self.sampler.state_dict(),
             "rng": Ranks.of(self).gather_objects(rng),
             "config": self.cfg.to_dict(),
+            "run_dir": self.run_dir,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

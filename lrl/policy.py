@@ -68,11 +68,21 @@ def load_policy(path: str | Path, tok: WordTokenizer | None = None, dtype=torch.
     hf_logging.disable_progress_bar()  # a bar per load of a 150k-parameter model is noise on the console
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError) as err:
-        raise ModelLoadError(f"--model {path}: the weights cannot be loaded ({err})") from None
+    except (
+        Exception
+    ) as err:  # a truncated file, a shape that does not match config.json, ... : one clear line
+        message = " ".join(str(err).split())[:300]
+        raise ModelLoadError(
+            f"--model {path}: the weights cannot be loaded ({type(err).__name__}: {message})"
+        ) from None
     finally:
         if shown:
             hf_logging.enable_progress_bar()
+    try:
+        check_weights(model)
+        check_causal(model)
+    except ValueError as err:
+        raise ModelLoadError(f"--model {path}: {err}") from None
     if tok is None and ((path / TOKENIZER_FILE).exists() or (path / "tokenizer.json").exists()):
         from lrl.tokenizers import load_tokenizer
 
@@ -86,6 +96,36 @@ def load_policy(path: str | Path, tok: WordTokenizer | None = None, dtype=torch.
         except ValueError as err:
             raise ModelLoadError(f"--model {path}: {err}") from None
     return model.eval(), tok
+
+
+def check_weights(model) -> None:
+    """Raise ValueError when a parameter holds NaN or inf (the run would stop at its first sample)."""
+    bad = [name for name, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(f"{len(bad)} weight tensor(s) hold NaN or inf values (the first: {bad[0]})")
+
+
+@torch.no_grad()
+def check_causal(model) -> None:
+    """Raise ValueError when the model's logits at a position depend on later tokens (not a causal LM).
+
+    A bidirectional encoder loaded under a causal-LM head (BERT with is_decoder false) would train and exit 0
+    while every log-prob looks at the future; changing the last token must leave earlier logits unchanged.
+    """
+    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 0
+    if vocab < 4:
+        return
+    ids = torch.arange(1, 9).remainder(vocab - 1).add(1)[None].to(next(model.parameters()).device)  # [1, 8]
+    changed = ids.clone()
+    changed[0, -1] = ids[0, -1] % (vocab - 1) + 1
+    a, b = (
+        model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0, :-1].float() for x in (ids, changed)
+    )
+    if not torch.allclose(a, b, atol=1e-4, rtol=1e-4):
+        raise ValueError(
+            "it is not a causal LM: its logits at a position depend on later tokens "
+            f"({type(model).__name__}; for BERT-like encoders set is_decoder, or use a decoder)"
+        )
 
 
 def check_vocabulary(model, tok) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -28,68 +29,103 @@ class Run:
     datamodule: object
     trainer: L.Trainer
     ckpt_path: str | None = None  # the checkpoint fit() resumes from (cfg.resume, resolved)
+    folder: object = None  # lrl.runs.RunFolder: where the run writes, when it writes anything
 
     @property
     def tok(self):
         return self.spec.tok
 
+    @property
+    def stopped_by(self) -> int | None:
+        """The signal that stopped the run early (SIGINT, SIGTERM), if one did."""
+        stop = next((c for c in self.trainer.callbacks if type(c).__name__ == "GracefulStop"), None)
+        return stop.stopped if stop is not None else None
 
-def load_run_policy(cfg: Config):
-    """The run's tokenizer (None: the environment's own) and policy (None: the environment's warm start)."""
-    from lrl.policy import ModelLoadError, load_policy
-    from lrl.tokenizers import load_tokenizer
 
-    tok = None
-    if cfg.tokenizer:
-        try:
-            tok = load_tokenizer(cfg.tokenizer)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-    if not cfg.model:
-        return tok, None
+def run_tokenizer(cfg: Config):
+    """The run's tokenizer: --tokenizer, else the one saved with --model, else None (the env's own)."""
+    from lrl.tokenizers import TOKENIZER_FILE, load_tokenizer
+
+    source = cfg.tokenizer
+    if source is None and cfg.model is not None:
+        model = Path(cfg.model)
+        source = (
+            cfg.model if (model / TOKENIZER_FILE).exists() or (model / "tokenizer.json").exists() else None
+        )
+    if source is None:
+        return None
     try:
-        policy, model_tok = load_policy(cfg.model, tok)
+        return load_tokenizer(source)
+    except ValueError as err:
+        raise ConfigError(f"{'tokenizer' if cfg.tokenizer else 'model'}: {err}") from None
+
+
+def load_model(cfg: Config, tok):
+    """The --model policy (None without one), with clear errors for a directory that does not hold one."""
+    from lrl.policy import ModelLoadError, load_policy
+
+    if not cfg.model:
+        return None
+    try:
+        return load_policy(cfg.model, tok)[0]
     except ModelLoadError as err:
         raise ConfigError(str(err)) from None
-    return tok or model_tok, policy
 
 
 def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=None, **trainer_kw) -> Run:
     """Config -> policy, environment, sampler, module, datamodule and a Lightning Trainer.
 
+    Every path and the memory the run will need are checked before anything is built (ConfigError). The run
+    writes to its own folder (lrl.runs): always when it logs to TensorBoard or keeps its checkpoints there.
     ``policy`` overrides the model that ``cfg.model`` (or the environment's warm start) would give, e.g. a
-    small fresh one in tests.
+    small fresh one in tests; ``logger`` is True (TensorBoard), False, or a Lightning logger.
     """
-    from lrl.checkpoint import AtomicCheckpointIO, check_resume, resume_path, robustness_callbacks
+    from lrl.budget import check_budget
+    from lrl.checkpoint import AtomicCheckpointIO, robustness_callbacks
     from lrl.data import RolloutDataModule
     from lrl.envs import make_env
     from lrl.module import OffPolicyModule
-    from lrl.policy import check_vocabulary, make_policy
+    from lrl.policy import DEFAULT_SIZE, check_vocabulary, make_policy
+    from lrl.runs import check_paths, clean_stale_temporaries, open_run
     from samplers import make_sampler
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    ckpt_path = resume_path(cfg)
-    if ckpt_path is not None:
-        check_resume(ckpt_path, cfg)
-    if policy is None:
-        tok, loaded = load_run_policy(cfg)
-    else:  # a policy given in code; the tokenizer still comes from the config
-        tok, loaded = load_run_policy(cfg.replace(model=None))[0], policy
-    spec = make_env(cfg, tok)
+    check_paths(cfg)
+    spec = make_env(cfg, run_tokenizer(cfg))
+    check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"])
+    loaded = policy if policy is not None else load_model(cfg, spec.tok)
     if loaded is None:
         loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=cfg.seed)
     try:
         check_vocabulary(loaded, spec.tok)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    wants_folder = (
+        logger is True or cfg.resume is not None or (cfg.checkpoint_every > 0 and not cfg.checkpoint_dir)
+    )
+    folder = open_run(cfg) if wants_folder else None
+    checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else folder.checkpoints if folder else None
+    if checkpoints is not None:
+        clean_stale_temporaries(checkpoints)
     sampler = make_sampler(cfg, spec.tok)
-    module = OffPolicyModule(cfg, loaded, sampler, spec)
     datamodule = RolloutDataModule(sampler, spec, cfg)
+    if cfg.pipeline == "async":  # rollouts in worker processes; the module's weight sync publishes to them
+        from lrl.pipeline import AsyncRollouts, Publisher
+
+        datamodule.stream.pipeline = AsyncRollouts(datamodule.stream, loaded)
+        sampler = Publisher(datamodule.stream.pipeline.board)
+        datamodule.sampler = datamodule.stream.sampler = sampler
+    module = OffPolicyModule(cfg, loaded, sampler, spec)
+    module.run_dir = str(folder.path) if folder is not None else None
     if logger is True:
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        logger = TensorBoardLogger(cfg.log_dir, name=cfg.run_name, default_hp_metric=False)
+        # a resumed run writes into its folder again; TensorBoard drops what the killed run wrote past the checkpoint
+        purge = {"purge_step": folder.step} if folder.checkpoint is not None else {}
+        logger = TensorBoardLogger(
+            cfg.log_dir, cfg.run_name, folder.version, default_hp_metric=False, **purge
+        )
     if callbacks is None:  # the monitoring callbacks the config switches on
         from callbacks import build_callbacks
 
@@ -110,26 +146,46 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
         enable_model_summary=False,
         enable_progress_bar=cfg.progress,
         logger=logger,
-        callbacks=[*(callbacks or []), *robustness_callbacks(cfg)],
+        callbacks=[
+            *(callbacks or []),
+            *robustness_callbacks(cfg, checkpoints, str(folder.path) if folder else None),
+        ],
     )
     kw.update(trainer_kw)
     try:
         trainer = L.Trainer(**kw)
     except (MisconfigurationException, ValueError, RuntimeError) as err:  # e.g. --accelerator gpu without one
+        if folder is not None:
+            folder.release()
         raise ConfigError(f"accelerator/devices/num_nodes/strategy: {err}") from None
-    return Run(cfg, spec, loaded, sampler, module, datamodule, trainer, ckpt_path)
+    ckpt = str(folder.checkpoint) if folder is not None and folder.checkpoint is not None else None
+    return Run(cfg, spec, loaded, sampler, module, datamodule, trainer, ckpt, folder)
 
 
 def fit(run: Run) -> dict:
-    """Train, then report the held-out evaluation of the final policy."""
+    """Train, then report the held-out evaluation of the final policy (and the steps skipped for want of
+    any learning signal)."""
     start = time.time()
-    with warnings.catch_warnings():
-        # Lightning's own pytree helper builds torch's deprecated LeafSpec for every dataloader it wraps
-        # (lightning/pytorch/utilities/_pytree.py); nothing in lrl can avoid it until Lightning changes
-        warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
-        run.trainer.fit(run.module, run.datamodule, ckpt_path=run.ckpt_path)
-        last = run.module.last_eval
-        if last is None or last["step"] != run.module.version:
-            run.trainer.validate(run.module, run.datamodule, verbose=False)
+    try:
+        with warnings.catch_warnings():
+            # Lightning's own pytree helper builds torch's deprecated LeafSpec for every dataloader it wraps
+            # (lightning/pytorch/utilities/_pytree.py); nothing in lrl can avoid it until Lightning changes
+            warnings.filterwarnings(
+                "ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning
+            )
+            run.trainer.fit(run.module, run.datamodule, ckpt_path=run.ckpt_path)
             last = run.module.last_eval
-    return {**last, "wall_s": time.time() - start}
+            if run.stopped_by is None and (last is None or last["step"] != run.module.version):
+                run.trainer.validate(run.module, run.datamodule, verbose=False)
+                last = run.module.last_eval
+    finally:
+        if run.folder is not None:
+            run.folder.release()
+    history = run.module.history
+    return {
+        **(last or {}),
+        "wall_s": time.time() - start,
+        "steps": len(history),
+        "skipped": int(sum(h["train/skipped"] for h in history)),
+        "stopped_by": run.stopped_by,
+    }

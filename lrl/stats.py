@@ -223,3 +223,15 @@ def sequence_corrected_share(logp_trainer, logp_sampler, mask, cap: float, low: 
         "seq_over_cap": float((seq > math.log(cap)).sum()) / n,
         "seq_outside_band": float(outside.sum()) / n,
     }
+
+
+def policy_shift(old_logp, new_logp, mask) -> dict[str, float]:
+    """KL(pi_old || pi_new) (k3, from tokens pi_old sampled) and the largest |log ratio| over action tokens.
+
+    -> ``step_kl`` and ``step_max_log_ratio``: how far one step's updates moved the policy on its batch.
+    """
+    m = mask.bool()
+    log_ratio = (new_logp - old_logp).detach().float()[m]  # [N]
+    if not log_ratio.numel():
+        return {"step_kl": 0.0, "step_max_log_ratio": 0.0}
+    return {"step_kl": kl_k3(log_ratio).item(), "step_max_log_ratio": log_ratio.abs().max().item()}

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -100,3 +102,30 @@ def plan_update(
         for i, rows in enumerate(chunks)
     ]
     return UpdatePlan(minibatches, summed[len(counts)].item() > 0)
+
+
+def learning_rate(cfg, version: int) -> float:
+    """The step's learning rate: cfg.lr, or with ``lr_schedule: cosine`` a cosine from cfg.lr at step 0 down to
+    cfg.lr * cfg.lr_final at the last step (a function of the version, so a resumed run continues it)."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    progress = min(version / max(cfg.max_steps - 1, 1), 1.0)
+    return cfg.lr * (cfg.lr_final + (1 - cfg.lr_final) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class UpdateGuard:
+    """Keeps the policy's weights and the optimizer's state from before a step's updates, to take the step back
+    when it moved the policy too far (``max_step_kl``). Costs one copy of both per step."""
+
+    def __init__(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.policy, self.optimizer = policy, optimizer
+        self.weights = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        self.state = copy.deepcopy(optimizer.state_dict())
+
+    def check(self, step_kl: float, limit: float) -> bool:
+        """Restore the weights and optimizer state when step_kl > limit; True when it did."""
+        if not step_kl > limit:
+            return False
+        self.policy.load_state_dict(self.weights)
+        self.optimizer.load_state_dict(self.state)
+        return True

@@ -29,6 +29,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lrl"
 
 
+def source_fingerprint(*objects) -> str:
+    """A hash of the source code of modules or functions, for cache keys: a change to the code that draws the
+    demonstrations or trains on them changes the key, so a cached or shipped policy is never stale."""
+    import hashlib
+    import inspect
+
+    return hashlib.sha256("".join(inspect.getsource(o) for o in objects).encode()).hexdigest()[:16]
+
+
 def tokenizer_fingerprint(tok) -> list:
     """What identifies a tokenizer's ids, for cache keys: the word list, or the transformers vocabulary."""
     if hasattr(tok, "vocab") and isinstance(tok.vocab, list):
@@ -80,13 +89,20 @@ def fit_demonstrations(
     return model.eval()
 
 
+SHIPPED = Path(__file__).parent / "shipped"  # warm starts that ship with the package, one folder per key
+
+
 def cached_policy(
     name: str, tok, build: Callable[[], torch.nn.Module], cache: bool = True, verbose: bool = False
 ) -> torch.nn.Module:
-    """The policy cached as `name` in cache_dir(), or `build()` once and save it there atomically."""
+    """The policy cached as `name` in cache_dir(), else the copy shipped with the package under the same name,
+    else `build()` once and save it in the cache atomically. `name` holds the key of everything that determines
+    the policy, so a shipped copy is used only for exactly the warm start that made it."""
     path = cache_dir() / name
     if cache and (path / "config.json").exists():
         return load_policy(path, tok)[0]
+    if cache and (SHIPPED / name / "config.json").exists():
+        return load_policy(SHIPPED / name, tok)[0]
     if verbose:
         print(f"building the RL base (one time, cached in {path})", flush=True)
     model = build()

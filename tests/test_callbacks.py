@@ -16,6 +16,7 @@ import samplers
 from callbacks import (
     HealthCheck,
     HealthCheckError,
+    JumpMonitor,
     MismatchMonitor,
     StalenessMonitor,
     TimingMonitor,
@@ -341,6 +342,7 @@ def test_config_switches_and_the_monitoring_off_yaml():
         HealthCheck,
         MismatchMonitor,
         StalenessMonitor,
+        JumpMonitor,
         TimingMonitor,
     ]
     off = from_dict(load_yaml(ROOT / "configs" / "monitoring_off.yaml"))

@@ -67,7 +67,8 @@ def final_line(stdout: str) -> str:
 
 
 def without_times(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history]
+    """The per-step metrics without wall times and without the run folder each line names."""
+    return [{k: v for k, v in h.items() if not k.startswith("time/") and k != "run"} for h in history]
 
 
 def test_sigkill_then_resume_gives_the_uninterrupted_curves(tmp_path, tok, format_policy):

@@ -52,9 +52,8 @@ class EnvSpec:
     max_action_tokens: int  # the longest action of one turn, its eos included
     metrics: tuple[str, ...] = ()  # per-episode counts in info["metrics"], logged as train/<m> and val/<m>
     warm_start: Callable[[], torch.nn.Module] | None = None  # the env's RL base policy, if it has one
-    eval_decode: str = (
-        "trainer"  # held-out evaluation decodes "trainer"-style or with a "kvcache" (long episodes)
-    )
+    eval_decode: str = "trainer"  # held-out evaluation decodes "trainer"-style, or with a "kvcache"
+    max_episode_tokens: int | None = None  # an upper bound on an episode's length, for the memory estimate
 
 
 class FailureInjection:

@@ -1,8 +1,16 @@
-"""The staleness experiment: train from the RL base with a behavior policy k updates old, with and without
-correction, and with an FP8-rounded sampler; mean and standard error over seeds.
+"""The staleness experiment: train with a behavior policy k updates old, with and without correction, over
+seeds; mean and standard error of each row, as markdown, JSON and a plot.
 
-    python -m lrl.experiments.staleness                       # 9 rows x 5 seeds at lr 5e-4
-    python -m lrl.experiments.staleness --lr 5e-4 2e-3 --seeds 3
+    python -m lrl.experiments.staleness                  # TinyAgent: lags 0 2 4 8, TIS at 4 and 8, MIS at 8, FP8
+    python -m lrl.experiments.staleness --seeds 10 --lr 5e-4 2e-3
+    python -m lrl.experiments.staleness --grid --lags 0 4 8 --levels token sequence geometric \\
+        --sampler engine -- --env review                 # every correction at every level and lag, any env
+
+Flags after ``--`` go to every run (any train.py flag). Each run reports its held-out pass rate, the training
+reward by quarter of the run, the mismatch, the correction's activity (tokens over the cap, episodes whose
+sequence-level ratio is over the cap or outside the MIS band), the generated tokens per episode, the held-out
+pass rate on the shorter and the longer half of the held-out tasks, and the seconds of training it took to
+reach a training reward of REWARD_TARGET.
 """
 
 from __future__ import annotations
@@ -16,201 +24,267 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 STALE_ROWS = [
-    ("lagged", 0, "none"),
-    ("lagged", 2, "none"),
-    ("lagged", 4, "none"),
-    ("lagged", 8, "none"),
-    ("lagged", 4, "tis"),
-    ("lagged", 8, "tis"),
-    ("lagged", 8, "mis"),
+    ("lagged", 0, "none", "token"),
+    ("lagged", 2, "none", "token"),
+    ("lagged", 4, "none", "token"),
+    ("lagged", 8, "none", "token"),
+    ("lagged", 4, "tis", "token"),
+    ("lagged", 8, "tis", "token"),
+    ("lagged", 8, "mis", "token"),
 ]
-FP8_ROWS = [("fp8", 0, "none"), ("fp8", 0, "tis")]
-METRICS = ("w0", "w1", "w2", "w3", "mismatch", "over_cap", "clip_frac", "heldout", "reads")
+FP8_ROWS = [("fp8", 0, "none", "token"), ("fp8", 0, "tis", "token")]
+REWARD_TARGET = 0.9
+METRICS = (
+    "heldout",
+    "w0",
+    "w1",
+    "w2",
+    "w3",
+    "mismatch",
+    "over_cap",
+    "seq_over_cap",
+    "seq_outside_band",
+    "clip_frac",
+    "action_tokens",
+    "heldout_short",
+    "heldout_long",
+    "time_to_target",
+)
+
+
+def grid_rows(sampler: str, lags: list[int], corrections: list[str], levels: list[str]) -> list[tuple]:
+    """One uncorrected row per lag, and each correction at each level for every lag above 0 (at lag 0 the
+    sampler's weights are the trainer's, so every correction's weights are 1)."""
+    rows = [(sampler, lag, "none", "token") for lag in lags]
+    rows += [
+        (sampler, lag, c, lvl)
+        for lag in lags
+        if lag > 0
+        for c in corrections
+        if c != "none"
+        for lvl in levels
+    ]
+    return rows
+
+
+def time_to(history: list[dict], target: float, window: int = 3) -> float:
+    """Seconds of training (sampling, scoring, updates, syncs) until the running mean of train/reward over
+    `window` steps first reaches `target`; nan if it never does."""
+    elapsed, rewards = 0.0, []
+    for h in history:
+        elapsed += sum(h.get(f"time/{k}", 0.0) for k in ("sample", "old_logp", "update", "sync"))
+        rewards.append(h["train/reward"])
+        if len(rewards) >= window and sum(rewards[-window:]) / window >= target:
+            return elapsed
+    return float("nan")
 
 
 def one_run(args: tuple) -> dict:
-    """Train one (sampler, lag, correction, lr, seed) cell -> its summary numbers."""
-    sampler, lag, correction, lr, seed, steps, eval_episodes, level = args
+    """Train one (row, lr, seed) cell with the shared flags -> its summary numbers."""
+    (sampler, lag, correction, level), lr, seed, steps, flags = args
     import logging
     import warnings
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    from lrl.config import Config
+    from lrl.arguments import parse_args
+    from lrl.rollout import evaluate
     from lrl.run import build_run, fit
 
-    cfg = Config(
-        sampler=sampler,
-        lag=lag,
-        correction=correction,
-        level=level,
-        lr=lr,
-        seed=seed,
-        max_steps=steps,
-        eval_every=steps,
-        eval_episodes=eval_episodes,
-        threads=1,
-        progress=False,
-    )
+    row = [
+        "--sampler",
+        sampler,
+        "--correction",
+        correction,
+        "--lr",
+        str(lr),
+        "--seed",
+        str(seed),
+        "--max-steps",
+        str(steps),
+        "--eval-every",
+        str(steps),
+        "--threads",
+        "1",
+        "--progress",
+        "false",
+    ]
+    row += ["--lag", str(lag)] if lag else []
+    row += ["--level", level] if correction != "none" else []
+    cfg = parse_args([*flags, *row])
     run = build_run(cfg, logger=False)
     result = fit(run)
     hist = run.module.history
-    mean = lambda key: sum(h[key] for h in hist) / len(hist)  # noqa: E731
-    window = max(len(hist) // 4, 1)
+    mean = lambda key: sum(h.get(key, 0.0) for h in hist) / len(hist)  # noqa: E731
+    quarter = max(len(hist) // 4, 1)
     out = {
-        f"w{i}": sum(h["train/reward"] for h in hist[i * window : (i + 1) * window]) / window
+        f"w{i}": sum(h["train/reward"] for h in hist[i * quarter : (i + 1) * quarter]) / quarter
         for i in range(4)
     }
+    per_task = evaluate(
+        run.policy, run.spec, None, cfg.eval_episodes, cfg.seed + 10_000, cfg.temperature, True
+    )
+    by_length = sorted(per_task["tasks"].values(), key=lambda t: t["action_tokens"])
+    half = len(by_length) // 2
     out.update(
+        heldout=result["pass_rate"],
         mismatch=mean("mismatch/abs_mean"),
         over_cap=mean("mismatch/over_cap"),
+        seq_over_cap=mean("offpolicy/seq_over_cap"),
+        seq_outside_band=mean("offpolicy/seq_outside_band"),
         clip_frac=mean("train/clip_frac"),
-        heldout=result["pass_rate"],
-        reads=result["reads"],
+        action_tokens=mean("train/action_tokens"),
+        heldout_short=sum(t["pass_rate"] for t in by_length[:half]) / max(half, 1),
+        heldout_long=sum(t["pass_rate"] for t in by_length[half:]) / max(len(by_length) - half, 1),
+        time_to_target=time_to(hist, REWARD_TARGET),
+        **{f"env_{m}": result[m] for m in run.spec.metrics},
     )
-    return {"sampler": sampler, "lag": lag, "correction": correction, "lr": lr, "seed": seed, **out}
+    return {
+        "sampler": sampler,
+        "lag": lag,
+        "correction": correction,
+        "level": level,
+        "lr": lr,
+        "seed": seed,
+        **out,
+    }
+
+
+def key_of(r: dict) -> tuple:
+    return (r["sampler"], r["lag"], r["correction"], r["level"], r["lr"])
 
 
 def summarize(results: list[dict], key: tuple) -> dict[str, tuple[float, float]]:
-    """Mean and standard error over seeds of each metric for one row."""
-    cells = [r for r in results if (r["sampler"], r["lag"], r["correction"], r["lr"]) == key]
+    """Mean and standard error over seeds of each metric for one row (nan values left out)."""
+    cells = [r for r in results if key_of(r) == key]
     out = {}
     for m in METRICS:
-        xs = [c[m] for c in cells]
-        mu = sum(xs) / len(xs)
+        xs = [c[m] for c in cells if not math.isnan(c[m])]
+        mu = sum(xs) / len(xs) if xs else float("nan")
         se = (
             math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
             if len(xs) > 1
             else float("nan")
         )
         out[m] = (mu, se)
+    out["reached"] = (sum(not math.isnan(c["time_to_target"]) for c in cells), len(cells))
     return out
 
 
-def markdown(results: list[dict], rows: list[tuple], lrs: list[float], n_seeds: int, steps: int) -> str:
+def markdown(
+    results: list[dict], rows: list[tuple], lrs: list[float], n_seeds: int, steps: int, flags: list[str]
+) -> str:
     """The table as markdown: one line per (lr, row), mean ± standard error over seeds."""
     lines = [
-        f"Staleness experiment: {steps} steps from the RL base, {n_seeds} seeds, mean ± standard error.",
+        f"Staleness experiment: {steps} steps, {n_seeds} seeds, mean ± standard error"
+        + (f"; flags `{' '.join(flags)}`" if flags else "")
+        + ".",
         "",
-        "| lr | sampler | lag | correction | reward by quarter | mismatch | over cap | clip frac | "
-        "held-out | reads |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| lr | sampler | lag | correction | level | held-out | reward by quarter | mismatch | over cap | "
+        f"seq over cap | seq outside band | tokens/episode | held-out short / long | s to reward {REWARD_TARGET} (reached) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lr in lrs:
-        for sampler, lag, corr in rows:
-            s = summarize(results, (sampler, lag, corr, lr))
+        for row in rows:
+            s = summarize(results, (*row, lr))
+            sampler, lag, corr, level = row
             window = " ".join(f"{s[f'w{i}'][0]:.2f}" for i in range(4))
+            reached, total = s["reached"]
             lines.append(
-                f"| {lr:g} | {sampler} | {lag} | {corr} | {window} | {s['mismatch'][0]:.3f} ± {s['mismatch'][1]:.3f} | "
-                f"{s['over_cap'][0]:.3f} | {s['clip_frac'][0]:.4f} | {s['heldout'][0]:.3f} ± {s['heldout'][1]:.3f} | "
-                f"{s['reads'][0]:.2f} |"
+                f"| {lr:g} | {sampler} | {lag} | {corr} | {level if corr != 'none' else '-'} | "
+                f"{s['heldout'][0]:.3f} ± {s['heldout'][1]:.3f} | {window} | {s['mismatch'][0]:.3f} | "
+                f"{s['over_cap'][0]:.3f} | {s['seq_over_cap'][0]:.3f} | {s['seq_outside_band'][0]:.3f} | "
+                f"{s['action_tokens'][0]:.1f} | {s['heldout_short'][0]:.3f} / {s['heldout_long'][0]:.3f} | "
+                f"{s['time_to_target'][0]:.0f} ({reached}/{total}) |"
             )
     return "\n".join(lines) + "\n"
 
 
-def plot(results: list[dict], lrs: list[float], path: Path) -> None:
-    """Held-out pass rate and mean training reward against lag, one line per (correction, lr)."""
+def plot(results: list[dict], rows: list[tuple], lrs: list[float], path: Path) -> None:
+    """Held-out pass rate against lag: one line per (correction, level, lr)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for lr in lrs:
-        for corr, marker in (("none", "o"), ("tis", "s"), ("mis", "^")):
-            lags = sorted(
-                {
-                    r["lag"]
-                    for r in results
-                    if r["sampler"] == "lagged" and r["correction"] == corr and r["lr"] == lr
-                }
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    series = sorted({(r[2], r[3] if r[2] != "none" else "-", lr) for r in rows for lr in lrs})
+    for corr, level, lr in series:
+        keys = sorted({(r[0], r[1]) for r in rows if r[2] == corr and (r[3] == level or corr == "none")})
+        points = [
+            (lag, summarize(results, (s, lag, corr, level if corr != "none" else "token", lr))["heldout"])
+            for s, lag in keys
+        ]
+        points = [(lag, mu, se) for lag, (mu, se) in points if not math.isnan(mu)]
+        if points:
+            lags, mus, ses = zip(*points)
+            label = (
+                f"{corr}"
+                + (f" ({level})" if corr != "none" else "")
+                + (f", lr {lr:g}" if len(lrs) > 1 else "")
             )
-            if not lags:
-                continue
-            for ax, metric in zip(axes, ("heldout", "train")):
-                ys = []
-                es = []
-                for lag in lags:
-                    key = ("lagged", lag, corr, lr)
-                    s = summarize(results, key)
-                    if metric == "train":
-                        vals = [
-                            sum(r[f"w{i}"] for i in range(4)) / 4
-                            for r in results
-                            if (r["sampler"], r["lag"], r["correction"], r["lr"]) == key
-                        ]
-                        mu = sum(vals) / len(vals)
-                        se = math.sqrt(sum((v - mu) ** 2 for v in vals) / max(len(vals) - 1, 1) / len(vals))
-                        ys.append(mu)
-                        es.append(se)
-                    else:
-                        ys.append(s["heldout"][0])
-                        es.append(s["heldout"][1])
-                ax.errorbar(lags, ys, yerr=es, marker=marker, capsize=3, label=f"{corr}, lr {lr:g}")
-    axes[0].set(
+            ax.errorbar(lags, mus, yerr=ses, marker="o", capsize=3, label=label)
+    ax.set(
         xlabel="lag (updates the sampler is behind)",
         ylabel="held-out pass rate",
         ylim=(0, 1.05),
-        title="Held-out pass rate after training",
+        title="Held-out pass rate after training, mean ± SE over seeds",
     )
-    axes[1].set(
-        xlabel="lag (updates the sampler is behind)",
-        ylabel="mean training reward",
-        ylim=(0, 1.05),
-        title="Training reward, mean over all steps",
-    )
-    for ax in axes:
-        ax.axhline(0.2, color="grey", lw=0.8, ls=":", label="blind guess")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=5, help="seeds per row (default 5)")
+    p.add_argument(
+        "--lr", type=float, nargs="+", default=[5e-4], help="learning rates to sweep (default 5e-4)"
     )
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per row (default 5)")
-    parser.add_argument(
-        "--lr",
-        type=float,
-        nargs="+",
-        default=[5e-4],
-        help="learning rates to sweep (default 5e-4, the package default)",
-    )
-    parser.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
-    parser.add_argument(
-        "--eval-episodes", type=int, default=16, help="held-out episodes per task (default 16)"
-    )
-    parser.add_argument("--no-fp8", action="store_true", help="skip the two FP8 rows")
-    parser.add_argument(
+    p.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
+    p.add_argument("--no-fp8", action="store_true", help="skip the two FP8 rows of the default table")
+    p.add_argument(
         "--level",
         default="token",
         choices=("token", "sequence", "geometric"),
-        help="ratio the TIS/MIS rows correct with (default token)",
+        help="ratio the TIS/MIS rows of the default table correct with",
     )
-    parser.add_argument(
-        "--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (1 thread each)"
+    p.add_argument(
+        "--grid", action="store_true", help="rows: every lag x correction x level (see --lags ...)"
     )
-    parser.add_argument(
-        "--out", default="results/staleness", help="directory for table.md, results.json, plot"
-    )
-    args = parser.parse_args(argv)
+    p.add_argument("--lags", type=int, nargs="+", default=[0, 4, 8], help="grid: lags (default 0 4 8)")
+    p.add_argument("--corrections", nargs="+", default=["none", "tis", "mis"], help="grid: corrections")
+    p.add_argument("--levels", nargs="+", default=["token", "sequence", "geometric"], help="grid: levels")
+    p.add_argument("--sampler", default="lagged", help="grid: the sampler of every row (default lagged)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (1 thread each)")
+    p.add_argument("--out", default="results/staleness", help="directory for table.md, results.json, plot")
+    p.add_argument("flags", nargs="*", help="train.py flags for every run, after --")
+    args = p.parse_args(argv)
     if args.seeds < 1 or args.steps < 4 or args.jobs < 1 or any(lr <= 0 for lr in args.lr):
-        parser.error("--seeds and --jobs must be >= 1, --steps >= 4, every --lr > 0")
-    rows = STALE_ROWS + ([] if args.no_fp8 else FP8_ROWS)
+        p.error("--seeds and --jobs must be >= 1, --steps >= 4, every --lr > 0")
+    if args.grid:
+        rows = grid_rows(args.sampler, args.lags, args.corrections, args.levels)
+    else:
+        rows = [(s, lag, c, args.level if c != "none" else "token") for s, lag, c, _ in STALE_ROWS]
+        rows += [] if args.no_fp8 else FP8_ROWS
+    from lrl.arguments import parse_args
+    from lrl.config import ConfigError
+    from lrl.envs import make_env
+
+    try:
+        spec = make_env(parse_args(args.flags))
+    except ConfigError as err:
+        p.error(str(err))
+    if spec.warm_start is not None:
+        spec.warm_start()  # build the cache once, before the workers
     cells = [
-        (s, lag, c, lr, seed, args.steps, args.eval_episodes, args.level)
+        (row, lr, seed, args.steps, args.flags)
         for lr in args.lr
-        for s, lag, c in rows
+        for row in rows
         for seed in range(args.seeds)
     ]
-    from lrl.envs.tinyagent import build_tokenizer, make_tasks
-    from lrl.envs.tinyagent.base import make_rl_base
-
-    make_rl_base(build_tokenizer(make_tasks("all")), verbose=True)  # build the cache once, before the workers
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -218,21 +292,17 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(args.jobs) as pool:
         for i, r in enumerate(pool.map(one_run, cells), 1):
             results.append(r)
+            (out / "results.json").write_text(json.dumps(results, indent=1))  # progress survives a crash
             print(
-                f"[{i}/{len(cells)}] {r['sampler']} lag {r['lag']} {r['correction']} lr {r['lr']:g} seed {r['seed']}: "
-                f"held-out {r['heldout']:.3f} mismatch {r['mismatch']:.3f} ({time.time() - start:.0f} s)",
+                f"[{i}/{len(cells)}] {r['sampler']} lag {r['lag']} {r['correction']} {r['level']} lr {r['lr']:g} "
+                f"seed {r['seed']}: held-out {r['heldout']:.3f} mismatch {r['mismatch']:.3f} "
+                f"({time.time() - start:.0f} s)",
                 flush=True,
             )
-    table = markdown(results, rows, args.lr, args.seeds, args.steps)
-    if args.level != "token":
-        table = table.replace(
-            "mean ± standard error.", f"mean ± standard error; corrections at {args.level} level.", 1
-        )
-    wall = time.time() - start
-    table += f"\nWall time: {wall:.0f} s for {len(cells)} runs ({args.jobs} in parallel).\n"
+    table = markdown(results, rows, args.lr, args.seeds, args.steps, args.flags)
+    table += f"\nWall time: {time.time() - start:.0f} s for {len(cells)} runs ({args.jobs} in parallel).\n"
     (out / "table.md").write_text(table)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    plot(results, args.lr, out / "staleness.png")
+    plot(results, rows, args.lr, out / "staleness.png")
     print(table)
     print(f"wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'staleness.png'}")
     return 0

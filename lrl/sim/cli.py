@@ -260,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     low, high = args.tokens_per_turn
     if low > high:
         parser.error(f"--tokens-per-turn: LOW must be <= HIGH; got {low:g} > {high:g}")
+    if args.plot:
+        from lrl.runs import check_output
+
+        for problem in check_output("--plot", args.plot, "dir"):
+            parser.error(problem)
     setup = Setup(args.slots, args.batch_size, args.train_time, args.sync_time, args.steps)
     try:
         durations = _durations(args)

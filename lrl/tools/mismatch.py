@@ -260,6 +260,12 @@ def plot(res: dict, folder: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
+    from lrl.runs import check_output
+
+    problems = check_output("--json", args.json, "file") + check_output("--plot", args.plot, "dir")
+    if problems:
+        print(f"lrl.mismatch: error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
     try:
         if args.new_tokens < 1:
             raise ValueError(f"--new-tokens must be >= 1; got {args.new_tokens}")

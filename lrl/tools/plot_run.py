@@ -12,7 +12,7 @@ PANELS = (
     ("reward and held-out pass rate", ("train/reward", "val/pass_rate"), (0, 1.05)),
     ("reads per episode", ("train/reads", "val/reads"), None),
     ("malformed actions (share of episodes)", ("train/invalid", "val/invalid"), (0, None)),
-    ("off-policy mismatch |log pi_old - log mu|", ("offpolicy/mismatch",), (0, None)),
+    ("off-policy mismatch |log pi_old - log mu|", ("mismatch/abs_mean",), (0, None)),
 )
 
 
@@ -55,15 +55,40 @@ def plot_run(log_dir: str | Path, out: str | Path, title: str | None = None) -> 
     return out
 
 
+def find_run(path: str | Path) -> Path:
+    """The run folder to plot: `path` itself when it holds TensorBoard events, else the newest run below it."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{str(path)!r} is not a folder" + ("" if path.exists() else " (it does not exist)"))
+    runs = {f.parent for f in path.rglob("events.out.tfevents.*")}
+    if not runs:
+        raise ValueError(f"no TensorBoard events in {str(path)!r} or below it")
+    if path in runs:
+        return path
+    return max(runs, key=lambda r: max(f.stat().st_mtime for f in r.glob("events.out.tfevents.*")))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("log_dir", help="a run's folder, e.g. runs/lrl/version_0")
+    parser.add_argument(
+        "log_dir", help="a run's folder (runs/lrl/version_0), or a folder above runs (the newest)"
+    )
     parser.add_argument("--out", default="train_curve.png", help="PNG to write")
     parser.add_argument("--title", default=None)
     args = parser.parse_args(argv)
-    print(plot_run(args.log_dir, args.out, args.title))
+    from lrl.runs import check_output
+
+    try:
+        run = find_run(args.log_dir)
+    except ValueError as err:
+        parser.error(str(err))
+    for problem in check_output("--out", args.out, "file"):
+        parser.error(problem)
+    if run != Path(args.log_dir):
+        print(f"plotting the newest run below {args.log_dir}: {run}")
+    print(plot_run(run, args.out, args.title))
     return 0
 
 

@@ -32,7 +32,16 @@ def review_spec(tok=None, max_turns: int = 14) -> EnvSpec:
         metrics=("wrong", "lines"),
         warm_start=lambda: make_review_base(tok, verbose=True),
         eval_decode="kvcache",
+        max_episode_tokens=longest_episode(tok, max_turns),
     )
+
+
+def longest_episode(tok, max_turns: int) -> int:
+    """Tokens of the longest possible episode: the longest file, every page answered in full."""
+    task = ReviewTask(-1, ("+",) * MAX_LINES)
+    pages = min(task.n_pages, max_turns)
+    observations = sum(len(tok.observation(task.page_text(p))) for p in range(1, pages))
+    return len(tok.prompt(task.prompt)) + observations + pages * action_budget(tok)
 
 
 def _check(cfg) -> list[str]:

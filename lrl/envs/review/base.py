@@ -18,7 +18,13 @@ import torch
 
 from lrl.envs.review.tasks import MAX_LINES, make_reviews, random_review
 from lrl.policy import make_policy
-from lrl.warmstart import cached_policy, fit_demonstrations, fixed_threads, tokenizer_fingerprint
+from lrl.warmstart import (
+    cached_policy,
+    fit_demonstrations,
+    fixed_threads,
+    source_fingerprint,
+    tokenizer_fingerprint,
+)
 
 DEMO_SEED = 2718
 NOISE = {"min": ("ok", 0.5), "max": ("bad", 0.25)}  # operator -> (wrong label, how often the demos use it)
@@ -79,11 +85,18 @@ def train_review_base(tok, cfg: ReviewBaseConfig = ReviewBaseConfig(), log_every
 
 
 def review_base_key(tok, cfg: ReviewBaseConfig) -> str:
-    import lrl
-    from lrl.policy import DEFAULT_SIZE
+    """Cache key: the warm-start config, the vocabulary, the model size and context, the label noise, and the
+    code that draws the demonstrations and trains on them."""
+    import sys
 
-    blob = json.dumps(["review", asdict(cfg), tokenizer_fingerprint(tok), DEFAULT_SIZE, CONTEXT, NOISE,
-                       lrl.__version__], sort_keys=True)  # fmt: skip
+    from lrl.envs.review import tasks
+    from lrl.policy import DEFAULT_SIZE, make_policy
+
+    code = source_fingerprint(sys.modules[__name__], tasks, fit_demonstrations, make_policy)
+    blob = json.dumps(
+        ["review", asdict(cfg), tokenizer_fingerprint(tok), DEFAULT_SIZE, CONTEXT, NOISE, code],
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

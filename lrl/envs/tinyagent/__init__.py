@@ -42,6 +42,10 @@ def tinyagent_spec(tok=None, max_turns: int = 3) -> EnvSpec:
     tok = tok if tok is not None else build_tokenizer(make_tasks("all"))
     actions = ["read", *(f"answer {k}" for k in range(1, N_LINES + 1))]
     budget = max(len(tok.encode(a)) for a in actions) + 1  # + eos
+    tasks = make_tasks("all")
+    longest = max(len(tok.prompt(t.prompt)) for t in tasks) + max_turns * (
+        budget + max(len(tok.observation(t.source)) for t in tasks)
+    )
     return EnvSpec(
         name="tinyagent",
         tok=tok,
@@ -51,6 +55,7 @@ def tinyagent_spec(tok=None, max_turns: int = 3) -> EnvSpec:
         max_action_tokens=budget,
         metrics=("reads",),
         warm_start=lambda: make_rl_base(tok, verbose=True),
+        max_episode_tokens=longest,
     )
 
 

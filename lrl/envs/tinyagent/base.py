@@ -19,7 +19,13 @@ import torch
 
 from lrl.envs.tinyagent.tasks import Task, make_tasks, random_task
 from lrl.policy import make_policy
-from lrl.warmstart import cached_policy, fit_demonstrations, fixed_threads, tokenizer_fingerprint
+from lrl.warmstart import (
+    cached_policy,
+    fit_demonstrations,
+    fixed_threads,
+    source_fingerprint,
+    tokenizer_fingerprint,
+)
 
 DEMO_SEED = 31337
 
@@ -97,13 +103,15 @@ def train_base(tok, cfg: BaseConfig = BaseConfig(), log_every: int = 0) -> torch
 
 
 def base_key(tok, cfg: BaseConfig) -> str:
-    """Cache key: the warm-start config, the vocabulary, the model size and the package version."""
-    import lrl
-    from lrl.policy import DEFAULT_SIZE
+    """Cache key: the warm-start config, the vocabulary, the model size, and the code that draws the
+    demonstrations and trains on them."""
+    import sys
 
-    blob = json.dumps(
-        [asdict(cfg), tokenizer_fingerprint(tok), DEFAULT_SIZE, lrl.__version__], sort_keys=True
-    )
+    from lrl.envs.tinyagent import tasks
+    from lrl.policy import DEFAULT_SIZE, make_policy
+
+    code = source_fingerprint(sys.modules[__name__], tasks, fit_demonstrations, make_policy)
+    blob = json.dumps([asdict(cfg), tokenizer_fingerprint(tok), DEFAULT_SIZE, code], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

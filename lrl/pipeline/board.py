@@ -1,0 +1,77 @@
+"""The weight board: the trainer publishes each version of its weights into shared memory; workers read them.
+
+``slots`` copies of the weights live in shared memory (allocated once); version v is written into slot
+``v % slots``, next to a sequence counter: the trainer makes the counter odd, copies the weights in, then sets
+it to ``2 * v``. A reader copies a slot out and keeps it only if its counter was the same even number before and
+after the copy, so it never keeps a mix of two versions (a seqlock: the trainer never waits for a reader).
+Free-running workers only want the newest version (one slot); a deterministic run keeps the last
+``max_staleness + 2`` versions, because its schedule can ask for a version the trainer has already passed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+
+class WeightBoard:
+    """Shared-memory copies of a model's weights and the versions they hold; picklable to spawned workers."""
+
+    def __init__(self, model: torch.nn.Module, version: int = 0, slots: int = 1):
+        state = model.state_dict()
+        self.names = list(state)
+        self.slots = [
+            [t.detach().to("cpu", copy=True).share_memory_() for t in state.values()] for _ in range(slots)
+        ]
+        ctx = mp.get_context("spawn")
+        self.counters = [ctx.Value("q", -2, lock=False) for _ in range(slots)]  # -2: empty
+        self.counters[version % slots].value = 2 * version
+        self.publish_seconds = 0.0
+
+    @property
+    def version(self) -> int:
+        """The newest fully published version."""
+        return max(c.value // 2 for c in self.counters if c.value % 2 == 0)
+
+    def publish(self, model: torch.nn.Module, version: int) -> float:
+        """Copy the model's weights in as `version` -> seconds it took."""
+        start = time.perf_counter()
+        slot = version % len(self.slots)
+        self.counters[slot].value = 2 * version - 1  # odd: being written
+        with torch.no_grad():
+            for shared, value in zip(self.slots[slot], model.state_dict().values()):
+                shared.copy_(value.detach())
+        self.counters[slot].value = 2 * version
+        self.publish_seconds = time.perf_counter() - start
+        return self.publish_seconds
+
+    def read(self, model: torch.nn.Module, version: int) -> bool:
+        """Load exactly `version` into `model` if a slot holds it, complete -> whether it did."""
+        slot = version % len(self.slots)
+        before = self.counters[slot].value
+        if before != 2 * version:
+            return False
+        state = {name: t.clone() for name, t in zip(self.names, self.slots[slot])}
+        if self.counters[slot].value != before:
+            return False
+        model.load_state_dict(state, strict=True)
+        return True
+
+    def read_newest(self, model: torch.nn.Module, known: int) -> int | None:
+        """Load the newest complete version when it is newer than `known` -> it, or None (nothing newer yet, or
+        a write in progress: try again at the next boundary)."""
+        newest = self.version
+        if newest <= known:
+            return None
+        return newest if self.read(model, newest) else None
+
+    def wait_for(self, model: torch.nn.Module, version: int, alive=lambda: True, poll: float = 0.002) -> None:
+        """Block until exactly `version` can be loaded, and load it."""
+        while not self.read(model, version):
+            if self.version > version + len(self.slots) - 1:
+                raise RuntimeError(f"version {version} is gone from the board (newest {self.version})")
+            if not alive():
+                raise RuntimeError("the trainer went away while a worker waited for weights")
+            time.sleep(poll)

@@ -1,0 +1,300 @@
+"""The asynchronous controller: rollout workers beside the trainer, a hard staleness bound, a lossless ledger.
+
+``AsyncRollouts`` runs in the trainer's process, in place of the synchronous stream. It starts ``rollout_workers``
+spawned processes (lazily, at the first batch, after a checkpoint's state has been loaded), hands out groups (one
+task, ``episodes_per_task`` episodes) and takes finished groups back. Staleness is bounded twice, as AReaL and
+prime-rl do (docs/pipeline.md):
+
+- **throttle**: no more groups are started than can be trained within the bound: at most
+  ``(version + 1 + max_staleness) * tasks_per_step`` groups by the time the trainer is at ``version``;
+- **consumer**: an episode whose oldest action token is more than ``max_staleness`` versions behind the trainer
+  is dropped, counted, its length logged, and its id recorded (the bound holds for every trained token).
+
+Every episode has an id ``"<rank>:<serial>"``, serials counting from 0 in the order episodes were started; each
+step reports the ids it trained and dropped, and a checkpoint holds the queue, the workers' in-flight episodes and
+the ledger, so that after a kill every started episode is trained exactly once or recorded as dropped.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import deque
+
+import torch
+import torch.multiprocessing as mp
+
+from lrl.batch import Batch, collate
+from lrl.losses import group_advantages
+from lrl.pipeline.board import WeightBoard
+from lrl.pipeline.worker import worker_main
+
+POLL = 0.05  # seconds between looks at the result queue while the trainer waits
+FAULT_SECONDS = 1.0  # a dead worker is noticed within this
+
+
+class WorkerError(RuntimeError):
+    """A rollout worker failed; the message names the worker and its exception."""
+
+
+class AsyncRollouts:
+    """Groups of episodes from rollout workers, one batch per training step (see the module docstring)."""
+
+    def __init__(self, stream, policy: torch.nn.Module, rank: int = 0):
+        self.stream, self.cfg, self.spec, self.rank = stream, stream.cfg, stream.spec, rank
+        self.G, self.E = (
+            self.cfg.tasks_per_step,
+            self.cfg.episodes_per_task,
+        )  # groups per batch, episodes per group
+        self.eta = self.cfg.max_staleness
+        slots = self.eta + 2 if self.cfg.deterministic else 1
+        self.board = WeightBoard(policy, 0, slots)
+        self.policy = policy
+        self.procs: list = []
+        self.tasks_qs: list = []
+        self.results_q = None
+        self.ready: deque = deque()  # finished groups (serial, episodes), oldest finished first
+        self.batches: dict[int, dict] = {}  # deterministic: batch -> {serial: episodes}
+        self.issued = 0  # groups handed out so far (serials 0 .. issued-1)
+        self.issued_batches = 0
+        self.taken_batches = 0  # deterministic: batches consumed (they are consumed in order)
+        self.group_task: dict[int, object] = {}  # serial -> task, for groups not consumed yet
+        self.restore: list | None = None
+        self.worker_stats: dict[int, dict] = {}
+        self.last_stats: dict[int, dict] = {}
+        self.last_time = None
+        self.consumed = 0  # episodes consumed (trained or dropped) so far
+
+    # -- workers --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.results_q = ctx.Queue()
+        cfg_dict = self.cfg.to_dict()
+        cpu = type(self.policy)(self.policy.config) if hasattr(self.policy, "config") else None
+        cpu.load_state_dict({k: v.detach().cpu() for k, v in self.policy.state_dict().items()})
+        for i in range(self.cfg.rollout_workers):
+            tasks_q = ctx.Queue()
+            restore = self.restore[i] if self.restore else None
+            proc = ctx.Process(target=worker_main, args=(i, self.rank, cfg_dict, cpu, self.board, tasks_q,
+                                                         self.results_q, restore), daemon=True)  # fmt: skip
+            proc.start()
+            self.procs.append(proc)
+            self.tasks_qs.append(tasks_q)
+        self.restore = None
+        self.last_time = time.time()
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Stop every worker: a stop message, drain the result queue, join with a timeout, then terminate."""
+        for q in self.tasks_qs:
+            try:
+                q.put(("stop",))
+            except (ValueError, OSError):
+                pass
+        deadline = time.time() + timeout
+        while any(p.is_alive() for p in self.procs) and time.time() < deadline:
+            self._drain_quietly()
+            time.sleep(0.02)
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(timeout=1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=1.0)
+        self.procs, self.tasks_qs = [], []
+
+    def _drain_quietly(self) -> None:
+        try:
+            while True:
+                self.results_q.get_nowait()
+        except (queue.Empty, ValueError, OSError):
+            pass
+
+    # -- handing out work -------------------------------------------------------------------------------
+    def issue(self, version: int) -> None:
+        """Hand out every group the throttle allows at trainer `version`."""
+        limit = (version + 1 + self.eta) * self.G
+        if self.cfg.deterministic:
+            while self.issued_batches * self.G < limit:
+                b = self.issued_batches
+                groups = [self._new_group() for _ in range(self.G)]
+                self.tasks_qs[b % len(self.tasks_qs)].put(("batch", b, max(0, b - self.eta), groups))
+                self.issued_batches += 1
+            return
+        while self.issued < limit:
+            group = self._new_group()
+            self.tasks_qs[group[0] % len(self.tasks_qs)].put(
+                ("work", [group])
+            )  # round robin over the workers
+
+    def _new_group(self) -> tuple:
+        if self.issued % self.G == 0:  # a new batch's worth: the sync stream's draw of distinct tasks
+            self._tasks = [t for t in self.stream.choose_tasks()[:: self.E]]
+        task = self._tasks[self.issued % self.G]
+        serial = self.issued
+        self.group_task[serial] = task
+        self.issued += 1
+        return (serial, task, self.E)
+
+    # -- taking a batch ---------------------------------------------------------------------------------
+    def next_batch(self, version: int) -> tuple[Batch, dict]:
+        """The next batch for the trainer at `version` -> (batch, its pipeline metrics and ids). Groups whose
+        every episode is past the bound are recorded as dropped and the next ones taken."""
+        if not self.procs:
+            self.start()
+        start = time.perf_counter()
+        dropped: list = []
+        while True:
+            self.issue(version)
+            if self.cfg.deterministic:
+                b = self.taken_batches
+                while b not in self.batches:
+                    self._poll()
+                groups = sorted(self.batches.pop(b).items())
+                self.taken_batches += 1
+            else:
+                while len(self.ready) < self.G:
+                    self._poll()
+                groups = [self.ready.popleft() for _ in range(self.G)]
+            batch, info = self._assemble(groups, version, time.perf_counter() - start)
+            info["dropped_ids"] = dropped + info["dropped_ids"]
+            if batch is not None:
+                return batch, info
+            dropped = info["dropped_ids"]
+
+    def _poll(self) -> None:
+        try:
+            msg = self.results_q.get(timeout=POLL)
+        except queue.Empty:
+            self._check_workers()
+            return
+        self._handle(msg)
+
+    def _handle(self, msg) -> None:
+        kind, worker = msg[0], msg[1]
+        if kind == "group":
+            self.ready.append((msg[2], msg[3]))
+        elif kind == "batch":
+            self.batches[msg[2]] = msg[3]
+        elif kind == "beat":
+            self.worker_stats[worker] = msg[2]
+        elif kind == "error":
+            self.close()
+            raise WorkerError(f"rollout worker {worker} failed: {msg[2]} (at {msg[3]})")
+        elif kind == "state":
+            self._states[worker] = msg[2]
+
+    def _check_workers(self) -> None:
+        for i, p in enumerate(self.procs):
+            if not p.is_alive():
+                self._drain_for_errors()
+                code = p.exitcode
+                self.close()
+                raise WorkerError(f"rollout worker {i} died (exit code {code}) without reporting an error")
+
+    def _drain_for_errors(self) -> None:
+        try:
+            while True:
+                msg = self.results_q.get(timeout=0.1)
+                if msg[0] == "error":
+                    self._handle(msg)
+        except queue.Empty:
+            return
+
+    def _assemble(self, groups: list, version: int, waited: float) -> tuple[Batch, dict]:
+        """Drop episodes past the bound, collate the rest, score groups; the step's pipeline metrics."""
+        kept, trained_ids, dropped_ids, dropped_lengths = [], [], [], []
+        for serial, episodes in groups:
+            self.group_task.pop(serial, None)
+            for j, ep in enumerate(episodes):
+                eid = f"{self.rank}:{serial * self.E + j}"
+                tags = [v for v, g in zip(ep.version, ep.generated) if g]
+                if tags and version - min(tags) > self.eta:
+                    dropped_ids.append(eid)
+                    dropped_lengths.append(len(ep.ids))
+                    continue
+                ep.episode_id = eid
+                kept.append(ep)
+                trained_ids.append(eid)
+        self.consumed += len(trained_ids) + len(dropped_ids)
+        metrics = self._metrics(version, waited, kept, dropped_lengths)
+        if not kept:
+            return None, {**metrics, "trained_ids": trained_ids, "dropped_ids": dropped_ids}
+        batch = collate(kept, self.spec.tok.pad_id, self.spec.metrics)
+        shaped = batch["reward"] - self.cfg.invalid_penalty * batch["invalid"]
+        batch["advantage"] = group_advantages(shaped, batch["task_id"], 1.0 - batch["env_failure"])
+        batch["env_turns"] = torch.tensor([float(_turns(e)) for e in kept])
+        failed = [self.stream.position[e.task.task_id] for e in kept if e.env_failure]
+        self.stream.carry += [i for i in dict.fromkeys(failed) if i not in self.stream.carry]
+        if dropped_lengths:
+            batch["sampled_length"] = torch.tensor([float(len(e.ids)) for e in kept] + dropped_lengths)
+        return batch, {**metrics, "trained_ids": trained_ids, "dropped_ids": dropped_ids}
+
+    def _metrics(self, version: int, waited: float, kept: list, dropped_lengths: list) -> dict:
+        now = time.time()
+        elapsed = max(now - self.last_time, 1e-9)
+        self.last_time = now
+        idle = busy = 0.0
+        for w, stats in self.worker_stats.items():
+            before = self.last_stats.get(w, {"idle": 0.0, "busy": 0.0})
+            idle += stats["idle"] - before["idle"]
+            busy += stats["busy"] - before["busy"]
+        self.last_stats = dict(self.worker_stats)
+        queued = sum(len(eps) for _, eps in self.ready) + sum(
+            len(e) for b in self.batches.values() for e in b.values()
+        )
+        partial = sum(len({v for v, g in zip(e.version, e.generated) if g}) > 1 for e in kept)
+        return {
+            "pipeline/queue_depth": float(queued),
+            "pipeline/trainer_wait": waited,
+            "pipeline/worker_idle": idle / max(idle + busy, 1e-9),
+            "pipeline/episodes_per_s": (len(kept) + len(dropped_lengths)) / elapsed,
+            "pipeline/dropped": float(len(dropped_lengths)),
+            "pipeline/dropped_length": sum(dropped_lengths) / len(dropped_lengths)
+            if dropped_lengths
+            else 0.0,
+            "pipeline/partial": partial / max(len(kept), 1),
+        }
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Pause every worker at a token boundary and keep everything in flight: their rollouts, the finished
+        groups not consumed yet, the ledger (the next serial, the tasks of unconsumed groups)."""
+        states = None
+        if self.procs:
+            self._states = {}
+            for q in self.tasks_qs:
+                q.put(("pause",))
+            while len(self._states) < len(self.procs):
+                self._poll()
+            states = [self._states[i] for i in range(len(self.procs))]
+        state = {
+            "ready": list(self.ready),
+            "batches": dict(self.batches),
+            "issued": self.issued,
+            "issued_batches": self.issued_batches,
+            "taken_batches": self.taken_batches,
+            "group_task": dict(self.group_task),
+            "tasks": getattr(self, "_tasks", None),
+            "workers": states if states is not None else self.restore,
+            "consumed": self.consumed,
+        }
+        for q in self.tasks_qs:
+            q.put(("resume",))
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ready = deque(state["ready"])
+        self.batches = dict(state["batches"])
+        self.issued, self.issued_batches = state["issued"], state["issued_batches"]
+        self.taken_batches = state["taken_batches"]
+        self.group_task = dict(state["group_task"])
+        if state["tasks"] is not None:
+            self._tasks = state["tasks"]
+        self.restore = state["workers"]
+        self.consumed = state["consumed"]
+
+
+def _turns(episode) -> int:
+    """Actions the episode took: runs of generated tokens."""
+    return sum(1 for a, b in zip([False, *episode.generated], episode.generated) if b and not a)

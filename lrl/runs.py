@@ -1,0 +1,295 @@
+"""Where a run's files go, which run a resume continues, and the checks on every path a user gives.
+
+A run owns one folder, ``<log_dir>/<run_name>/version_N/``: its TensorBoard events and ``checkpoints/``. Folders
+are claimed with an atomic ``mkdir`` and held with a lock for the life of the run, so two runs, one after the
+other or at the same time, never share a file. ``--resume last`` continues the newest run of ``<log_dir>/
+<run_name>`` that was written with the same settings and is not in use; ``--resume PATH`` takes a run folder
+or a checkpoint file. A resumed run writes into its own folder again, and TensorBoard drops the points the
+killed run wrote after its checkpoint, so the curve is one line without overlapping steps.
+
+Nothing a user points lrl at is replaced: the history file is appended to, a path that is a directory where a
+file is wanted (or the reverse), a device, a pipe, or a link to one, is refused before the run starts.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from lrl.config import Config, ConfigError
+
+VIRTUAL = ("/proc", "/sys", "/dev")  # kernel file systems: nothing of a run belongs there
+RUN_DIR_ENV = "LRL_RUN_DIR"  # rank 0's run folder, for the other ranks of a data-parallel run
+
+
+@dataclass
+class RunFolder:
+    """The folder a run writes to, and where it continues from when it resumes."""
+
+    path: Path
+    version: int
+    checkpoint: Path | None = None  # the checkpoint this run resumes from
+    step: int = 0  # the step it resumes at (0 for a fresh run)
+    note: str = ""  # what happened to --resume, for the console
+    _lock: int | None = None
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+# -- paths a user gives -----------------------------------------------------------------------------
+def _kind(p: Path) -> str | None:
+    """'file', 'dir', 'missing', or what else the path is (a device, a pipe, a socket, a broken link)."""
+    try:
+        mode = os.stat(p).st_mode  # follows links: a link is what it points to
+    except (FileNotFoundError, NotADirectoryError):
+        return "a broken link" if os.path.islink(p) else "missing"
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a pipe or socket"
+
+
+def check_output(name: str, value: str | None, want: str) -> list[str]:
+    """Problems of a path lrl will write (`want` 'file' or 'dir'): it must be one, or be creatable."""
+    if value is None:
+        return []
+    try:
+        p = Path(value).expanduser()
+        resolved = p.resolve()
+    except (OSError, RuntimeError, ValueError) as err:
+        return [f"{name}: {value!r} cannot be used ({err})"]
+    if any(str(resolved) == v or str(resolved).startswith(v + "/") for v in VIRTUAL):
+        return [
+            f"{name}: {value!r} is under /{resolved.parts[1]}, a kernel file system, not a place for files"
+        ]
+    kind = _kind(p)
+    if kind == "missing":
+        parent = p.parent
+        while _kind(parent) == "missing":
+            parent = parent.parent
+        if _kind(parent) != "dir":
+            found = {"file": "a file"}.get(_kind(parent), _kind(parent))
+            return [f"{name}: {value!r} cannot be created: {str(parent)!r} is {found}, not a folder"]
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return [f"{name}: {value!r} cannot be created: {str(parent)!r} is not writable"]
+        return []
+    if kind != want:
+        wanted = "a file" if want == "file" else "a folder"
+        found = {"file": "a file", "dir": "a folder"}.get(kind, kind)
+        return [f"{name}: {value!r} is {found}; it must be {wanted}"]
+    if not os.access(p, os.W_OK):
+        return [f"{name}: {value!r} is not writable"]
+    return []
+
+
+def check_input(name: str, value: str | None, want: str) -> list[str]:
+    """Problems of a path lrl will read (`want` 'file', 'dir' or 'any')."""
+    if value is None:
+        return []
+    kind = _kind(Path(value))
+    if kind == "missing":
+        return [f"{name}: {value!r} does not exist"]
+    if want != "any" and kind != want:
+        return [f"{name}: {value!r} is {kind}; it must be {'a file' if want == 'file' else 'a folder'}"]
+    if kind not in ("file", "dir"):
+        return [f"{name}: {value!r} is {kind}; it must be a file or a folder"]
+    return []
+
+
+def check_paths(cfg: Config) -> None:
+    """Every path option, checked before anything is built; one ConfigError listing every problem."""
+    problems = check_output("log_dir", cfg.log_dir, "dir") + check_output(
+        "checkpoint_dir", cfg.checkpoint_dir, "dir"
+    )
+    problems += check_output("history_file", cfg.history_file, "file")
+    if cfg.resume not in (None, "last"):
+        problems += check_input("resume", cfg.resume, "any")
+    for name in ("model", "tokenizer"):
+        problems += check_input(name, getattr(cfg, name), "dir")
+    if cfg.checkpoint_dir is not None and not cfg.overwrite and cfg.resume is None:
+        existing = Path(cfg.checkpoint_dir) / "last.ckpt"
+        if existing.exists():
+            problems.append(
+                f"checkpoint_dir: {cfg.checkpoint_dir!r} already holds last.ckpt; resume it "
+                "(--resume last), choose another folder, or replace it with --overwrite"
+            )
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+# -- the run folder ---------------------------------------------------------------------------------
+def _lock(folder: Path) -> int | None:
+    """Hold <folder>/.lock for the life of this process; None when another live process holds it."""
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _versions(base: Path) -> list[tuple[int, Path]]:
+    """The version_N folders of a run name, newest first."""
+    out = []
+    if base.is_dir():
+        for child in base.iterdir():
+            if child.name.startswith("version_") and child.name[8:].isdigit() and child.is_dir():
+                out.append((int(child.name[8:]), child))
+    return sorted(out, reverse=True)
+
+
+def new_folder(cfg: Config) -> RunFolder:
+    """Claim the next free version_N folder of <log_dir>/<run_name> (atomic mkdir, then a lock)."""
+    base = Path(cfg.log_dir) / cfg.run_name
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        version = (_versions(base)[0][0] + 1) if _versions(base) else 0
+        while True:
+            path = base / f"version_{version}"
+            try:
+                path.mkdir()
+            except FileExistsError:
+                version += 1
+                continue
+            return RunFolder(path, version, _lock=_lock(path))
+    except OSError as err:
+        raise ConfigError(
+            f"log_dir: cannot create a run folder under {str(base)!r} ({err.strerror})"
+        ) from None
+
+
+def checkpoint_info(path: Path) -> tuple[int, Path | None]:
+    """(the step a checkpoint was written at, the run folder that wrote it when it recorded one)."""
+    import torch
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    run = ckpt.get("lrl", {}).get("run_dir")
+    return int(ckpt.get("global_step", 0)), Path(run) if run else None
+
+
+def checkpoint_step(path: Path) -> int:
+    return checkpoint_info(path)[0]
+
+
+def open_run(cfg: Config) -> RunFolder:
+    """The folder this run writes to: a new one, or, when resuming, the folder of the checkpoint's run."""
+    inherited = os.environ.get(RUN_DIR_ENV)
+    if inherited and os.environ.get("LOCAL_RANK", "0") != "0":  # another rank of rank 0's run
+        path = Path(inherited)
+        ckpt = path / "checkpoints" / "last.ckpt"
+        resumed = cfg.resume is not None and ckpt.is_file()
+        return RunFolder(
+            path, int(path.name[8:]), ckpt if resumed else None, checkpoint_step(ckpt) if resumed else 0
+        )
+    folder = _resume_folder(cfg) if cfg.resume is not None else None
+    if folder is None:
+        folder = new_folder(cfg)
+        folder.note = f"started fresh in {folder.path}"
+        if cfg.resume == "last":
+            folder.note = (
+                f"resume last: no run of {Path(cfg.log_dir) / cfg.run_name} to continue; " + folder.note
+            )
+    if folder.checkpoint is not None and cfg.max_steps < folder.step:
+        folder.release()
+        raise ConfigError(
+            f"max_steps: {cfg.max_steps} is below the step of the checkpoint it resumes "
+            f"({folder.step}, {folder.checkpoint}); give --max-steps {folder.step} or more"
+        )
+    os.environ[RUN_DIR_ENV] = str(folder.path)
+    return folder
+
+
+def _resume_folder(cfg: Config) -> RunFolder | None:
+    """The run a --resume continues (None: 'last' found none), locked; a clear error for anything else."""
+    from lrl.checkpoint import check_resume
+
+    if cfg.resume == "last":
+        candidates = [p / "checkpoints" / "last.ckpt" for _, p in _versions(Path(cfg.log_dir) / cfg.run_name)]
+        if cfg.checkpoint_dir is not None:
+            candidates.insert(0, Path(cfg.checkpoint_dir) / "last.ckpt")
+        skipped = []
+        for ckpt in [c for c in candidates if c.is_file()]:
+            try:
+                check_resume(str(ckpt), cfg)
+            except ConfigError as err:
+                skipped.append(str(err))
+                continue
+            folder = _claim(ckpt, cfg)
+            if folder is not None:
+                return folder
+            skipped.append(f"{ckpt}: in use by another run")
+        if skipped:
+            print(f"resume last: skipped {len(skipped)} checkpoint(s): " + "; ".join(skipped), flush=True)
+        return None
+    path = Path(cfg.resume)
+    ckpt = (
+        path
+        if path.is_file()
+        else next((c for c in (path / "checkpoints" / "last.ckpt", path / "last.ckpt") if c.is_file()), None)
+    )
+    if ckpt is None:
+        raise ConfigError(
+            f"resume: {cfg.resume!r} is a folder without a checkpoint (no checkpoints/last.ckpt "
+            "or last.ckpt in it); give a run folder, a checkpoint file, or 'last'"
+        )
+    check_resume(str(ckpt), cfg)
+    folder = _claim(ckpt, cfg)
+    if folder is None:
+        raise ConfigError(
+            f"resume: {str(ckpt)!r} belongs to a run that is still going (its folder is locked)"
+        )
+    return folder
+
+
+def _claim(ckpt: Path, cfg: Config) -> RunFolder | None:
+    """Lock the run folder a checkpoint belongs to (its own, or a new one when it lives elsewhere)."""
+    step, recorded = checkpoint_info(ckpt)
+    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else recorded  # its own run's folder
+    if run is None or not run.is_dir() or not run.name.startswith("version_") or not run.name[8:].isdigit():
+        folder = new_folder(cfg)
+    else:
+        lock = _lock(run)
+        if lock is None:
+            return None
+        folder = RunFolder(run, int(run.name[8:]), _lock=lock)
+    folder.checkpoint = ckpt
+    folder.step = step
+    folder.note = f"resumed from step {folder.step} of {ckpt}; writing to {folder.path}"
+    return folder
+
+
+def clean_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files of checkpoint writes whose process died (their pid is in the name)."""
+    removed = []
+    for tmp in folder.glob(".*.tmp") if folder.is_dir() else []:
+        parts = tmp.name.split(".")
+        pid = int(parts[-3]) if len(parts) >= 4 and parts[-3].isdigit() else None
+        if pid is None or _alive(pid):
+            continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
