@@ -88,7 +88,9 @@ def interrupted(result: dict, run, argv: list[str]) -> int:
         i = kept.index("--resume")
         del kept[i : i + 2]
     where = run.folder.path if run.folder is not None else None
-    if run.cfg.checkpoint_every > 0 and where is not None:
+    if not result["steps"]:
+        hint = "nothing was trained yet"
+    elif run.cfg.checkpoint_every > 0 and where is not None:
         hint = f"continue with: python train.py {shlex.join([*kept, '--resume', str(where)])}"
     else:
         hint = "no checkpoint was written (checkpoints are off: --checkpoint-every N keeps them)"

@@ -150,27 +150,49 @@ def read_history(path: str | Path, every_line: bool = False) -> list[dict]:
     return [steps[k] for k in sorted(steps)]
 
 
+class StoppedBeforeTraining(Exception):
+    """A signal arrived while the run was still starting (loading, building the data, starting workers)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by signal {signum} before the first step")
+        self.signum = signum
+
+
 class GracefulStop(L.Callback):
     """SIGINT (Ctrl-C) or SIGTERM stops the run at the end of the current step, after writing a last checkpoint
-    when checkpoints are on; ``stopped`` is the signal's number. A second signal stops at once."""
+    when checkpoints are on; ``stopped`` is the signal's number. A second signal stops at once. A signal that
+    arrives before training has started stops the run there (:class:`StoppedBeforeTraining`), with nothing
+    to save."""
 
     def __init__(self, checkpoints: Path | None):
         self.checkpoints = checkpoints
         self.stopped: int | None = None
+        self._training = False
         self._previous: dict = {}
 
-    def on_train_start(self, trainer, pl_module) -> None:
+    def setup(self, trainer, pl_module, stage) -> None:
+        if stage != "fit" or self._previous:
+            return
         for signum in (signal.SIGINT, signal.SIGTERM):
             try:
                 self._previous[signum] = signal.signal(signum, self._handle)
             except ValueError:  # not the main thread: leave signals to the caller
                 return
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._training = True
+        # Lightning wraps SIGTERM between setup and here; its handler ends fit with a SystemExit (status 0) at
+        # the epoch's end, so the stop would look like success: ours alone decides from now on
+        for signum in self._previous:
+            signal.signal(signum, self._handle)
+
     def _handle(self, signum, frame) -> None:
         if self.stopped is not None:  # the second one: stop now
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         self.stopped = signum
+        if not self._training:
+            raise StoppedBeforeTraining(signum)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.stopped is None:
@@ -180,9 +202,14 @@ class GracefulStop(L.Callback):
         trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.teardown(trainer, pl_module, "fit")
+        self._training = False
+        self._restore()
 
     def teardown(self, trainer, pl_module, stage) -> None:
+        self._training = False
+        self._restore()
+
+    def _restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}

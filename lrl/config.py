@@ -116,7 +116,7 @@ class Config:
         4, "async, deterministic, interrupt: decode steps between scheduled weight switches", ge=1, le=MAX_INT
     )
     # update
-    lr: float = option(5e-4, "Adam learning rate", gt=0)
+    lr: float = option(1e-3, "Adam learning rate (the peak of the schedule)", gt=0)
     minibatches: int = option(4, "shuffled minibatch updates per sampled batch", gt=0, le=MAX_INT)
     eps_low: float = option(0.2, "lower clip of the ratio pi/pi_old (1 - eps_low)", ge=0, lt=1)
     eps_high: float = option(0.28, "upper clip of the ratio pi/pi_old (1 + eps_high)", ge=0, lt=1)
@@ -125,7 +125,7 @@ class Config:
         1e-8, "Adam's epsilon (damps the normalised step of parameters with tiny gradients)", gt=0, lt=1
     )
     lr_schedule: str = option(
-        "constant",
+        "cosine",
         "learning rate over the run: constant, or a cosine down to lr * lr_final",
         choices=("constant", "cosine"),
     )

@@ -121,7 +121,8 @@ class RolloutStream:
         start = time.perf_counter()
         batch, info = self.pipeline.next_batch(version)
         batch["pipeline"] = {k: v for k, v in info.items() if k.startswith("pipeline/")}
-        batch["ledger"] = {"trained_ids": info["trained_ids"], "dropped_ids": info["dropped_ids"]}
+        keys = ("trained_ids", "dropped_ids", "unfinished_ids", "time/group_seconds", "staleness_counts")
+        batch["ledger"] = {k: info[k] for k in keys if k in info}
         batch["index"] = torch.tensor(self.produced)
         batch["sample_time"] = torch.tensor(time.perf_counter() - start)
         self.produced += 1

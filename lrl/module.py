@@ -75,11 +75,12 @@ class OffPolicyModule(L.LightningModule):
     def on_fit_start(self) -> None:
         self.policy.train()  # Lightning warns, just before on_train_start, about modules left in eval mode
         self.sampler.setup(self.policy, self.version)
-        if (
-            self._sampler_state is not None
-        ):  # resuming: Lightning loads the checkpoint before the sampler exists
+        if self._sampler_state is not None:  # resuming: the checkpoint is loaded before the sampler exists
             self.sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None
+        pipeline = getattr(getattr(self.trainer.datamodule, "stream", None), "pipeline", None)
+        if pipeline is not None and not pipeline.procs:  # rollout workers start now, after a resume's state
+            pipeline.start()
 
     def on_train_start(self) -> None:
         """The RL step runs without dropout: ``old_logp``, the sampler's log-probs and the loss must be one
@@ -204,8 +205,10 @@ class OffPolicyModule(L.LightningModule):
         """Keep the step's record for the callbacks, append it to the history, log its metrics."""
         self.last_step = record
         ledger = record.batch.get("ledger", {})  # async: the ids of the episodes trained and dropped
+        index = int(record.batch["index"])
+        # time/end: wall clock at the step's end, from which a run's steps per second are measured
         self.history.append(
-            {"step": record.version, "batch": int(record.batch["index"]), **record.metrics, **ledger}
+            {"step": record.version, "batch": index, **record.metrics, **ledger, "time/end": time.time()}
         )
         # straight to the loggers: Lightning's self.log would log a key again, with its old value, at every
         # later step that does not log it (a skipped step has no entropy or grad_norm), and a resumed run would

@@ -14,6 +14,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from lrl.checkpoint import StoppedBeforeTraining
 from lrl.config import Config, ConfigError
 
 
@@ -173,7 +174,10 @@ def fit(run: Run) -> dict:
             warnings.filterwarnings(
                 "ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning
             )
-            run.trainer.fit(run.module, run.datamodule, ckpt_path=run.ckpt_path)
+            try:
+                run.trainer.fit(run.module, run.datamodule, ckpt_path=run.ckpt_path)
+            except StoppedBeforeTraining:
+                pass  # run.stopped_by holds the signal; nothing was trained, nothing is saved
             last = run.module.last_eval
             if run.stopped_by is None and (last is None or last["step"] != run.module.version):
                 run.trainer.validate(run.module, run.datamodule, verbose=False)

@@ -44,7 +44,7 @@ class Ready:
     def __init__(self, batch):
         self.batch = batch
 
-    def get(self):
+    def get(self, version=0):
         return self.batch
 
 
@@ -93,7 +93,8 @@ def test_ddp_two_ranks_match_each_other_and_one_process(tmp_path, tok, format_po
         )  # ... trained on different episodes
         rewards = torch.cat([a["batch"]["reward"], b["batch"]["reward"]])
         assert abs(logged[k]["train/reward"] - rewards.mean().item()) < 1e-6  # the mean over both ranks
-        assert a["history"] == b["history"]  # every rank reduces to the same logged values
+        same = [{k: v for k, v in d["history"].items() if k != "time/end"} for d in (a, b)]  # own clocks
+        assert same[0] == same[1]  # every rank reduces to the same logged values
 
     # the same global batches in one process: the same weights, up to floating-point summation order
     from conftest import quick_cfg

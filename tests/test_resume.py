@@ -141,8 +141,8 @@ def test_resume_refuses_other_settings_and_bad_files(tmp_path, tok, format_polic
     cfg = dict(max_steps=2, checkpoint_every=1, checkpoint_dir=str(tmp_path / "ck"), threads=1)
     fit(build_run(quick_cfg(**cfg), logger=False, policy=copy.deepcopy(format_policy)))
     last = str(tmp_path / "ck" / "last.ckpt")
-    with pytest.raises(ConfigError, match=r"lr: 0.0005 -> 0.001"):
-        build_run(quick_cfg(**cfg, resume=last, lr=1e-3), logger=False, policy=format_policy)
+    with pytest.raises(ConfigError, match=r"lr: 0.001 -> 0.002"):
+        build_run(quick_cfg(**cfg, resume=last, lr=2e-3), logger=False, policy=format_policy)
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match="not a readable checkpoint"):
         build_run(quick_cfg(**cfg, resume=str(tmp_path / "junk.ckpt")), logger=False, policy=format_policy)

@@ -131,6 +131,7 @@ def test_two_runs_in_one_log_dir_keep_separate_files_and_both_resume(tmp_path, m
     assert f"resumed from step 2 of {logs}/lrl/version_1" in resumed_b.stdout
 
 
+@pytest.mark.slow
 def test_runs_started_at_the_same_time_never_share_a_folder(tmp_path, model_dir):
     cmd = [
         sys.executable,
@@ -198,6 +199,7 @@ def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_write_one_tensorboard_run_equal_to_the_uninterrupted_one(tmp_path, model_dir):
     args = [
         "--model",
@@ -258,7 +260,9 @@ def test_work_that_does_not_fit_in_memory_is_refused_before_anything_is_built(tm
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    "signum, code", [pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow), (signal.SIGINT, 130)]
+)
 def test_a_signal_stops_the_run_with_a_checkpoint_and_the_command_to_continue(
     tmp_path, model_dir, signum, code
 ):

@@ -95,4 +95,4 @@ def test_the_cosine_schedule_runs_from_lr_to_lr_final():
     assert rates[0] == pytest.approx(1e-3) and rates[-1] == pytest.approx(1e-4)
     assert rates[5] == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi / 2)))
     assert all(a >= b for a, b in zip(rates, rates[1:]))
-    assert learning_rate(quick_cfg(lr=1e-3), 7) == 1e-3
+    assert learning_rate(quick_cfg(lr=1e-3, lr_schedule="constant"), 7) == 1e-3

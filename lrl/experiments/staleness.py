@@ -2,7 +2,7 @@
 seeds; mean and standard error of each row, as markdown, JSON and a plot.
 
     python -m lrl.experiments.staleness                  # TinyAgent: lags 0 2 4 8, TIS at 4 and 8, MIS at 8, FP8
-    python -m lrl.experiments.staleness --seeds 10 --lr 5e-4 2e-3
+    python -m lrl.experiments.staleness --seeds 10 --lr 5e-4 2e-3 -- --lr-schedule constant
     python -m lrl.experiments.staleness --grid --lags 0 4 8 --levels token sequence geometric \\
         --sampler engine -- --env review                 # every correction at every level and lag, any env
 
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=5, help="seeds per row (default 5)")
     p.add_argument(
-        "--lr", type=float, nargs="+", default=[5e-4], help="learning rates to sweep (default 5e-4)"
+        "--lr", type=float, nargs="+", default=None, help="learning rates to sweep (default: train.py's lr)"
     )
     p.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
     p.add_argument("--no-fp8", action="store_true", help="skip the two FP8 rows of the default table")
@@ -262,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/staleness", help="directory for table.md, results.json, plot")
     p.add_argument("flags", nargs="*", help="train.py flags for every run, after --")
     args = p.parse_args(argv)
+    if args.lr is None:
+        from lrl.config import Config
+
+        args.lr = [Config().lr]
     if args.seeds < 1 or args.steps < 4 or args.jobs < 1 or any(lr <= 0 for lr in args.lr):
         p.error("--seeds and --jobs must be >= 1, --steps >= 4, every --lr > 0")
     if args.grid:

@@ -42,10 +42,8 @@ class AsyncRollouts:
 
     def __init__(self, stream, policy: torch.nn.Module, rank: int = 0):
         self.stream, self.cfg, self.spec, self.rank = stream, stream.cfg, stream.spec, rank
-        self.G, self.E = (
-            self.cfg.tasks_per_step,
-            self.cfg.episodes_per_task,
-        )  # groups per batch, episodes per group
+        self.G = self.cfg.tasks_per_step  # groups per batch
+        self.E = self.cfg.episodes_per_task  # episodes per group
         self.eta = self.cfg.max_staleness
         slots = self.eta + 2 if self.cfg.deterministic else 1
         self.board = WeightBoard(policy, 0, slots)
@@ -64,19 +62,23 @@ class AsyncRollouts:
         self.last_stats: dict[int, dict] = {}
         self.last_time = None
         self.consumed = 0  # episodes consumed (trained or dropped) so far
+        self.seconds: dict[int, float] = {}  # group serial -> seconds its worker spent generating it
 
     # -- workers --------------------------------------------------------------------------------------
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         self.results_q = ctx.Queue()
         cfg_dict = self.cfg.to_dict()
-        cpu = type(self.policy)(self.policy.config) if hasattr(self.policy, "config") else None
+        with torch.random.fork_rng(
+            devices=[]
+        ):  # building the copy draws an initialisation: not from the run's RNG
+            cpu = type(self.policy)(self.policy.config) if hasattr(self.policy, "config") else None
         cpu.load_state_dict({k: v.detach().cpu() for k, v in self.policy.state_dict().items()})
         for i in range(self.cfg.rollout_workers):
             tasks_q = ctx.Queue()
             restore = self.restore[i] if self.restore else None
-            proc = ctx.Process(target=worker_main, args=(i, self.rank, cfg_dict, cpu, self.board, tasks_q,
-                                                         self.results_q, restore), daemon=True)  # fmt: skip
+            args = (i, self.rank, cfg_dict, cpu, self.board, tasks_q, self.results_q, restore)
+            proc = ctx.Process(target=worker_main, args=args, daemon=True)
             proc.start()
             self.procs.append(proc)
             self.tasks_qs.append(tasks_q)
@@ -112,7 +114,8 @@ class AsyncRollouts:
 
     # -- handing out work -------------------------------------------------------------------------------
     def issue(self, version: int) -> None:
-        """Hand out every group the throttle allows at trainer `version`."""
+        """Hand out every batch the throttle allows at trainer `version`: free-running, each worker gets its
+        share of the batch's groups (round robin) as one unit; deterministic, a whole batch goes to one worker."""
         limit = (version + 1 + self.eta) * self.G
         if self.cfg.deterministic:
             while self.issued_batches * self.G < limit:
@@ -122,10 +125,11 @@ class AsyncRollouts:
                 self.issued_batches += 1
             return
         while self.issued < limit:
-            group = self._new_group()
-            self.tasks_qs[group[0] % len(self.tasks_qs)].put(
-                ("work", [group])
-            )  # round robin over the workers
+            groups = [self._new_group() for _ in range(self.G)]
+            for w, q in enumerate(self.tasks_qs):
+                unit = groups[w :: len(self.tasks_qs)]
+                if unit:
+                    q.put(("work", unit))
 
     def _new_group(self) -> tuple:
         if self.issued % self.G == 0:  # a new batch's worth: the sync stream's draw of distinct tasks
@@ -159,8 +163,15 @@ class AsyncRollouts:
             batch, info = self._assemble(groups, version, time.perf_counter() - start)
             info["dropped_ids"] = dropped + info["dropped_ids"]
             if batch is not None:
-                return batch, info
+                break
             dropped = info["dropped_ids"]
+        if (
+            version + 1 >= self.cfg.max_steps
+        ):  # the run's last batch: what was started but will not be trained
+            info["unfinished_ids"] = [
+                f"{self.rank}:{s * self.E + j}" for s in sorted(self.group_task) for j in range(self.E)
+            ]
+        return batch, info
 
     def _poll(self) -> None:
         try:
@@ -174,8 +185,10 @@ class AsyncRollouts:
         kind, worker = msg[0], msg[1]
         if kind == "group":
             self.ready.append((msg[2], msg[3]))
+            self.seconds[msg[2]] = msg[4]
         elif kind == "batch":
             self.batches[msg[2]] = msg[3]
+            self.seconds.update({serial: msg[4] for serial in msg[3]})
         elif kind == "beat":
             self.worker_stats[worker] = msg[2]
         elif kind == "error":
@@ -203,9 +216,10 @@ class AsyncRollouts:
 
     def _assemble(self, groups: list, version: int, waited: float) -> tuple[Batch, dict]:
         """Drop episodes past the bound, collate the rest, score groups; the step's pipeline metrics."""
-        kept, trained_ids, dropped_ids, dropped_lengths = [], [], [], []
+        kept, trained_ids, dropped_ids, dropped_lengths, seconds = [], [], [], [], []
         for serial, episodes in groups:
             self.group_task.pop(serial, None)
+            seconds.append(self.seconds.pop(serial, float("nan")))
             for j, ep in enumerate(episodes):
                 eid = f"{self.rank}:{serial * self.E + j}"
                 tags = [v for v, g in zip(ep.version, ep.generated) if g]
@@ -218,6 +232,9 @@ class AsyncRollouts:
                 trained_ids.append(eid)
         self.consumed += len(trained_ids) + len(dropped_ids)
         metrics = self._metrics(version, waited, kept, dropped_lengths)
+        metrics["time/group_seconds"] = seconds  # per group, for calibrating the simulator
+        staleness = [version - v for e in kept for v, g in zip(e.version, e.generated) if g]
+        metrics["staleness_counts"] = [staleness.count(k) for k in range(max(staleness, default=-1) + 1)]
         if not kept:
             return None, {**metrics, "trained_ids": trained_ids, "dropped_ids": dropped_ids}
         batch = collate(kept, self.spec.tok.pad_id, self.spec.metrics)

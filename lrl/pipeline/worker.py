@@ -1,14 +1,15 @@
 """A rollout worker: its own copy of the weights on one thread, generating groups of episodes into a queue.
 
-Started with ``spawn`` by :class:`lrl.pipeline.controller.AsyncRollouts`. Free-running, it runs every group it
-holds in one :class:`lrl.rollout.Rollout`, adds the groups it is sent between turns (continuous batching at turn
-granularity) and sends each group as soon as all its episodes are done. New weights come from the
+Started with ``spawn`` by :class:`lrl.pipeline.controller.AsyncRollouts`. Free-running, it works through the
+units it is sent in order, one at a time: a unit is the worker's share of one batch (its groups), run as one
+:class:`lrl.rollout.Rollout`; each group is sent back as soon as all its episodes are done, and the next unit
+starts when the last group of this one is done. One unit at a time keeps the worker a server of fixed-size jobs,
+which is what the pipeline simulator models (docs/pipeline_results.md). New weights come from the
 :class:`lrl.pipeline.board.WeightBoard`:
 
 - ``interrupt``: at the next token boundary, also in the middle of an episode (its later tokens carry the new
   version; a KV cache is rebuilt from the sequences);
-- ``drain``: no new group starts while the worker holds groups begun on older weights; once they are finished
-  it switches, then starts the waiting ones.
+- ``drain``: the unit in flight finishes on the weights it began with; the worker switches before the next.
 
 Deterministic, it runs one batch at a time from a generator of that batch's own, starting on the version the
 logical clock gives the batch and, with ``interrupt``, switching at scheduled token counts (waiting for a version
@@ -65,13 +66,11 @@ class Worker:
         from samplers import make_sampler
 
         torch.set_num_threads(1)
-        self.index, self.rank, self.board, self.tasks_q, self.results_q = (
-            index,
-            rank,
-            board,
-            tasks_q,
-            results_q,
-        )
+        self.index = index
+        self.rank = rank
+        self.board = board
+        self.tasks_q = tasks_q
+        self.results_q = results_q
         self.parent = os.getppid()
         self.cfg = Config(**cfg_dict)
         spec = make_env(self.cfg, run_tokenizer(self.cfg))
@@ -87,7 +86,8 @@ class Worker:
         self.version = -1
         self.generator = torch.Generator().manual_seed(batch_seed(self.cfg.seed, rank, 10_000 + index))
         self.groups: dict[int, list[int]] = {}  # group serial -> keys of its episodes in the rollout
-        self.pending: list[tuple] = []  # (serial, task, n) not started yet
+        self.started: dict[int, float] = {}  # group serial -> when it started (its generation time)
+        self.pending: list[list[tuple]] = []  # units not started yet: each a list of (serial, task, n)
         self.batches: list[tuple] = []  # deterministic: (batch, start version, groups) not started yet
         self.batch = None  # deterministic: (batch, start version, groups) being generated
         self.rollout = None
@@ -125,27 +125,31 @@ class Worker:
             if r is not None:
                 finished = [s for s, keys in self.groups.items() if all(r.episodes[k].done for k in keys)]
                 for serial in finished:
-                    self.results_q.put(("group", self.index, serial, r.take(self.groups.pop(serial))))
+                    seconds = time.time() - self.started.pop(serial, time.time())
+                    self.results_q.put(
+                        ("group", self.index, serial, r.take(self.groups.pop(serial)), seconds)
+                    )
             newer = self.board.version > self.version
             drain = self.cfg.partial_rollouts == "drain"
             if newer and (not drain or not self.groups):
                 self._switch_to(self.board.version)
-            if self.pending and not (drain and newer and self.groups):
-                self._start_groups()
+            if self.pending and not self.groups:
+                self._start_unit()
         elif self.cfg.partial_rollouts == "interrupt" and self.board.version > self.version:
             self._switch_to(self.board.version)
         if self.rollout is not None and not self.rollout.done:
             self.rollout.advance()
 
-    def _start_groups(self) -> None:
+    def _start_unit(self) -> None:
+        """Start the next unit: its groups in a new rollout, on the weights the worker holds now."""
         from lrl.rollout import Rollout
 
-        if self.rollout is None or not self.groups:
-            self.rollout = Rollout(self.sampler.decoder(), self.spec, [], self.generator, self.sampler.sampling,
-                                   self.version)  # fmt: skip
-        for serial, task, n in self.pending:
+        decoder = self.sampler.decoder()
+        self.rollout = Rollout(decoder, self.spec, [], self.generator, self.sampler.sampling, self.version)
+        now = time.time()
+        for serial, task, n in self.pending.pop(0):
             self.groups[serial] = self.rollout.add([task] * n)
-        self.pending = []
+            self.started[serial] = now
 
     def _switch_to(self, version: int) -> None:
         """Load `version` from the board (the newest when free-running, exactly it when deterministic)."""
@@ -176,6 +180,7 @@ class Worker:
             )
             self.groups = {serial: self.rollout.add([task] * n) for serial, task, n in groups}
             self.tokens = 0
+            self.batch_started = time.time()
         b, v0, _ = self.batch
         every = self.cfg.switch_tokens
         if self.cfg.partial_rollouts == "interrupt" and self.tokens and self.tokens % every == 0:
@@ -187,7 +192,7 @@ class Worker:
             self.tokens += 1
         if self.rollout.done:
             episodes = {serial: self.rollout.take(keys) for serial, keys in self.groups.items()}
-            self.results_q.put(("batch", self.index, b, episodes))
+            self.results_q.put(("batch", self.index, b, episodes, time.time() - self.batch_started))
             self.batch, self.rollout, self.groups = None, None, {}
 
     # -- messages -----------------------------------------------------------------------------------------
@@ -209,7 +214,7 @@ class Worker:
                 self.idle += time.perf_counter() - start
             kind = msg[0]
             if kind == "work":
-                self.pending.extend(msg[1])
+                self.pending.append(msg[1])
             elif kind == "batch":
                 self.batches.append(msg[1:])
             elif kind == "pause":
