@@ -8,7 +8,7 @@ import lightning as L
 
 from callbacks._common import RunningMean, log_scalars
 
-PHASES = ("sample", "old_logp", "update", "sync")
+PHASES = ("sample", "old_logp", "update", "shift", "sync")
 
 
 class TimingMonitor(L.Callback):

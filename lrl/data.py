@@ -226,8 +226,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.stream.tasks_per_step = self.cfg.tasks_per_step // self.world_size  # Config checks it divides
         self.generator.manual_seed(rank_seed(self.cfg.seed, self.rank))
         self.stream.env_generator.manual_seed(rank_seed(self.cfg.seed + 2, self.rank))
-        if self.stream.pipeline is not None:
+        if self.stream.pipeline is not None:  # its own workers, ids and share of each batch's groups
             self.stream.pipeline.rank = self.rank
+            self.stream.pipeline.G = self.stream.tasks_per_step
 
     def teardown(self, stage: str) -> None:
         if self.stream.pipeline is not None:

@@ -13,7 +13,7 @@ all tokens), ``maxes`` to a value reduced by maximum. One name per quantity, one
 - ``offpolicy/``: ``masked`` (share of action tokens with weight 0), ``seq_over_cap`` and
   ``seq_outside_band`` (share of episodes whose sequence-level ratio is above the cap / outside the MIS band);
 - ``staleness/token_mean``, ``staleness/token_max``: trainer version minus each action token's version;
-- ``time/``: sample, old_logp, update, sync (seconds); ``env/``: injected worker failures.
+- ``time/``: sample, old_logp, update, shift (the step KL), sync (seconds); ``env/``: injected worker failures.
 """
 
 from __future__ import annotations

@@ -111,6 +111,7 @@ class OffPolicyModule(L.LightningModule):
         updates = self.update(plan, ranks, learning_rate(cfg, version))
         clock.lap("update")
         shift = self.measure_shift(batch, old_logp) if cfg.step_kl else None
+        clock.lap("shift")  # the step's KL, measured with one more forward pass
         control = {"train/lr": learning_rate(cfg, version), "train/minibatches_done": len(updates or [])}
         if guard is not None:  # the whole step moved the policy too far on its own batch: take it back
             control["train/reverted"] = float(guard.check(shift["step_kl"], cfg.max_step_kl))
@@ -204,7 +205,7 @@ class OffPolicyModule(L.LightningModule):
     def publish(self, record: StepRecord) -> None:
         """Keep the step's record for the callbacks, append it to the history, log its metrics."""
         self.last_step = record
-        ledger = record.batch.get("ledger", {})  # async: the ids of the episodes trained and dropped
+        ledger = merged_ledger(Ranks.of(self), record.batch.get("ledger", {}))  # async: the episodes' ids
         index = int(record.batch["index"])
         # time/end: wall clock at the step's end, from which a run's steps per second are measured
         self.history.append(
@@ -278,3 +279,22 @@ class Stopwatch:
         now = time.perf_counter()
         self.laps[name] = now - self._last
         self._last = now
+
+
+def merged_ledger(ranks: Ranks, own: dict) -> dict:
+    """Every rank's ledger of the step as one: ids and per-group seconds concatenated in rank order, token counts
+    per staleness summed. Every rank calls it (a collective under DDP), so every rank's history holds it all."""
+    parts = ranks.gather_objects(own)
+    if len(parts) == 1:
+        return own
+    out: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if key == "staleness_counts":
+                sums = out.setdefault(key, [])
+                sums.extend([0] * (len(value) - len(sums)))
+                for k, c in enumerate(value):
+                    sums[k] += c
+            else:
+                out.setdefault(key, []).extend(value)
+    return out

@@ -73,6 +73,7 @@ TIME_TAGS = [
     "time/share_sample",
     "time/share_old_logp",
     "time/share_update",
+    "time/share_shift",
     "time/share_sync",
     "time/share_other",
 ]
@@ -269,7 +270,7 @@ def test_logged_staleness_and_timing_match_hand_computation(lagged):
     # timing: shares are the module's phase times over the step's wall time, and add up to 1 with "other"
     step = last_value(acc, "time/step")
     shares = 0.0
-    for phase in ("sample", "old_logp", "update", "sync"):
+    for phase in ("sample", "old_logp", "update", "shift", "sync"):
         share = last_value(acc, f"time/share_{phase}")
         assert share == pytest.approx(last_value(acc, f"time/{phase}") / step, rel=1e-4)
         shares += share

@@ -301,3 +301,31 @@ def test_worker_messages_are_stopped_by_ctrl_c(tmp_path, tok, format_policy):
     assert (tmp_path / "runs" / "lrl" / "version_0" / "checkpoints" / "last.ckpt").is_file()
     time.sleep(0.5)
     assert not orphans(), orphans()
+
+
+@pytest.mark.slow
+def test_each_ddp_rank_has_its_own_workers_and_the_history_holds_every_rank(tmp_path, tok, format_policy):
+    save_policy(format_policy, tok, tmp_path / "policy")
+    history = tmp_path / "h.jsonl"
+    args = ["--model", str(tmp_path / "policy"), "--pipeline", "async", "--devices", "2", "--strategy", "ddp"]
+    args += ["--tasks-per-step", "4", "--episodes-per-task", "4", "--max-steps", "3", "--threads", "1"]
+    args += [
+        "--eval-every",
+        "1000",
+        "--eval-at-start",
+        "false",
+        "--eval-episodes",
+        "1",
+        "--progress",
+        "false",
+    ]
+    args += ["--log-dir", str(tmp_path / "runs"), "--history-file", str(history)]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = read_history(history)
+    trained = [i for h in lines for i in h["trained_ids"]]
+    assert len(lines) == 3 and len(trained) == len(set(trained)) == 3 * 16  # both ranks' episodes, each once
+    assert {i.split(":")[0] for i in trained} == {"0", "1"}
+    assert all(sum(h["staleness_counts"]) > 0 for h in lines)

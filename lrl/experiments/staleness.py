@@ -68,11 +68,11 @@ def grid_rows(sampler: str, lags: list[int], corrections: list[str], levels: lis
 
 
 def time_to(history: list[dict], target: float, window: int = 3) -> float:
-    """Seconds of training (sampling, scoring, updates, syncs) until the running mean of train/reward over
+    """Seconds of training (sampling, scoring, updates, the step KL, syncs) until the running mean of train/reward over
     `window` steps first reaches `target`; nan if it never does."""
     elapsed, rewards = 0.0, []
     for h in history:
-        elapsed += sum(h.get(f"time/{k}", 0.0) for k in ("sample", "old_logp", "update", "sync"))
+        elapsed += sum(h.get(f"time/{k}", 0.0) for k in ("sample", "old_logp", "update", "shift", "sync"))
         rewards.append(h["train/reward"])
         if len(rewards) >= window and sum(rewards[-window:]) / window >= target:
             return elapsed
