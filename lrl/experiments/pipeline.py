@@ -26,15 +26,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import multiprocessing as mp
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-SKIP = 2  # steps left out of the rate: the first steps include starting the workers and warming caches
+from lrl.experiments.pipeline_report import markdown, plot
+from lrl.experiments.stats import mean, mean_se, median
+from lrl.sim.calibrate import (
+    SKIP,
+    async_train_time,
+    co_run_slowdown,
+    compare,
+    handoff,
+    steps_per_s,
+    sync_train_time,
+)
+
 RUN_FLAGS = [
     "--eval-every",
     "100000",
@@ -51,9 +60,21 @@ RUN_FLAGS = [
 ]
 
 
+def name_of(kind: str, eta: int, repeat: int) -> str:
+    return f"{kind}{'' if kind == 'sync' else eta}-r{repeat}"
+
+
+def stored(kind: str, eta: int, repeat: int, out: Path) -> dict:
+    """A run of an earlier invocation, from its history file."""
+    name = name_of(kind, eta, repeat)
+    lines = (out / "histories" / f"{name}.jsonl").read_text().splitlines()
+    history = [json.loads(x) for x in lines if x.strip()]
+    return {"name": name, "kind": kind, "eta": eta, "repeat": repeat, "history": history, "wall_s": 0.0}
+
+
 def run_once(kind: str, eta: int, repeat: int, args, out: Path) -> dict:
     """One train.py run (kind "sync" or "async") -> its history lines and wall time."""
-    name = f"{kind}{'' if kind == 'sync' else eta}-r{repeat}"
+    name = name_of(kind, eta, repeat)
     history = out / "histories" / f"{name}.jsonl"
     history.parent.mkdir(parents=True, exist_ok=True)
     if history.exists():
@@ -79,153 +100,13 @@ def run_once(kind: str, eta: int, repeat: int, args, out: Path) -> dict:
     }
 
 
-def steps_per_s(ends: list[float]) -> float:
-    """Steps per second between the end of step SKIP and the end of the last step."""
-    return (len(ends) - 1 - SKIP) / (ends[-1] - ends[SKIP])
-
-
-def unit_staleness(history: list[dict]) -> list[int]:
-    """The staleness of each step's batch: that of its oldest trained token."""
-    return [max((k for k, c in enumerate(h.get("staleness_counts", [])) if c), default=0) for h in history]
-
-
-def token_staleness_mean(history: list[dict]) -> float:
-    counts: list[int] = []
-    for h in history:
-        for k, c in enumerate(h.get("staleness_counts", [])):
-            counts.extend([0] * (k + 1 - len(counts)))
-            counts[k] += c
-    n = sum(counts)
-    return sum(k * c for k, c in enumerate(counts)) / n if n else float("nan")
-
-
-def sync_train_time(run: dict) -> float:
-    """The trainer's seconds per step outside sampling, from a synchronous run's logs (step SKIP on)."""
-    h = run["history"]
-    ends = [x["time/end"] for x in h]
-    return mean([b - a - x["time/sample"] for a, b, x in zip(ends, ends[1:], h[1:])][SKIP:])
-
-
-def handoff(run: dict) -> float:
-    """A bound-0 async run's hand-off: what the trainer waited beyond the unit's generation (publishing the
-    weights, messages, the worker's weight load), seconds per step."""
-    h = run["history"]
-    return max(mean([x["pipeline/trainer_wait"] - max(x["time/group_seconds"]) for x in h][SKIP:]), 0.0)
-
-
-def simulate(durations: list[float], train_time: float, sync_time: float, eta: int, steps: int) -> dict:
-    """The simulator with one worker and one unit per step -> step ends, per-step staleness, histogram."""
-    import torch
-
-    from lrl.sim import simulate_pipeline
-
-    need = steps + eta + 1
-    units = (durations * (need // len(durations) + 1))[:need]  # the run's own units first, in order
-    result = simulate_pipeline(
-        torch.tensor(units, dtype=torch.float64),
-        n_slots=1,
-        batch_size=1,
-        train_time=train_time,
-        sync_time=sync_time,
-        max_staleness=eta,
-        interrupt=True,  # the trainer never waits for the worker to finish before it publishes
-        steps=steps,
-    )
-    ends = [e[3] for e in result["events"] if e[0] == "sync"]
-    started = [e[4] for e in result["events"] if e[0] == "gen"]  # one unit per step, trained in this order
-    return {"steps_per_s": steps_per_s(ends), "staleness": [k - started[k] for k in range(steps)]}
-
-
-def _work(n: int) -> float:
-    """A fixed piece of work like a rollout worker's: many small forwards of a tiny transformer, one thread."""
-    import torch
-
-    torch.set_num_threads(1)
-    from lrl.envs.tinyagent import build_tokenizer
-    from lrl.policy import make_policy
-
-    model = make_policy(build_tokenizer()).eval()
-    ids = torch.randint(0, 40, (64, 24))
-    start = time.perf_counter()
-    with torch.no_grad():
-        for _ in range(n):
-            model(input_ids=ids)
-    return time.perf_counter() - start
-
-
-def co_run_slowdown(n: int = 60) -> dict:
-    """Seconds of one fixed workload alone and as two concurrent processes -> their ratio."""
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        alone = pool.apply(_work, (n,))
-    with ctx.Pool(2) as pool:
-        pair = pool.map(_work, [n, n])
-    return {"alone_s": alone, "together_s": sum(pair) / 2, "slowdown": sum(pair) / 2 / alone}
-
-
-def histogram(values: list[int], weights: list[float]) -> list[float]:
-    out = [0.0] * (max(values) + 1)
-    for v, w in zip(values, weights):
-        out[v] += w / sum(weights)
-    return out
-
-
-def total_variation(p: list[float], q: list[float]) -> float:
-    n = max(len(p), len(q))
-    p, q = p + [0.0] * (n - len(p)), q + [0.0] * (n - len(q))
-    return 0.5 * sum(abs(a - b) for a, b in zip(p, q))
-
-
-def mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    mu = mean(xs)
-    if len(xs) < 2:
-        return mu, float("nan")
-    return mu, math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
-
-
-def median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
-
-
-def compare(run: dict, train_time: float, sync_time: float, slowdown: float, steps: int) -> dict:
-    """One async run against the simulator's prediction of it."""
-    h = run["history"]
-    eta = run["eta"]
-    units = [max(x["time/group_seconds"]) for x in h]  # the measured durations: the simulator's input
-    factor = slowdown if eta > 0 else 1.0  # at bound 0 nothing overlaps, so the trainer has its core alone
-    pred = simulate(units, train_time * factor, sync_time, eta, steps)
-    ideal = simulate(units, train_time, sync_time, eta, steps)
-    measured = unit_staleness(h)
-    tokens = [float(sum(x.get("staleness_counts", []))) for x in h]
-    episodes = [float(len(x.get("trained_ids", []))) for x in h]
-    rate = steps_per_s([x["time/end"] for x in h])
-    return {
-        "measured": rate,
-        "predicted": pred["steps_per_s"],
-        "predicted_no_contention": ideal["steps_per_s"],
-        "episodes_measured": rate * mean(episodes),
-        "episodes_predicted": pred["steps_per_s"] * mean(episodes),
-        "st_mean": mean(measured),
-        "st_pred": mean(pred["staleness"]),
-        "st_max": max(measured),
-        "st_pred_max": max(pred["staleness"]),
-        "tv": total_variation(histogram(measured, tokens), histogram(pred["staleness"], tokens)),
-        "token_st": token_staleness_mean(h),
-        "dropped": sum(len(x.get("dropped_ids", [])) for x in h),
-    }
-
-
 def summarise(runs: list[dict], etas: list[int], steps: int, co: dict) -> list[dict]:
     """One row per bound: measured (median and mean over repeats) against predicted."""
     by = {(r["kind"], r["eta"], r["repeat"]): r for r in runs}
     repeats = sorted({r["repeat"] for r in runs})
     sync = [steps_per_s([h["time/end"] for h in by[("sync", 0, k)]["history"]]) for k in repeats]
     handoffs = {k: handoff(by[("async", 0, k)]) for k in repeats}
+    async_train = {k: async_train_time(by[("async", 0, k)]) for k in repeats}
     rows = [
         {
             "staleness_bound": "sync",
@@ -236,14 +117,22 @@ def summarise(runs: list[dict], etas: list[int], steps: int, co: dict) -> list[d
     for eta in etas:
         cells = []
         for k in repeats:
-            others = [handoffs[j] for j in repeats if j != k] or [handoffs[k]]  # not from the run predicted
+            others = [j for j in repeats if j != k] or [k]  # not from the run predicted
+            sync_time = mean([handoffs[j] for j in others])
             train = sync_train_time(by[("sync", 0, k)])
-            cells.append(compare(by[("async", eta, k)], train, mean(others), co["slowdown"], steps))
+            cell = compare(by[("async", eta, k)], train, sync_time, co["slowdown"], steps)
+            # the same prediction with the trainer's time from the other repeats' bound-0 async runs
+            train = mean([async_train[j] for j in others])
+            cell["predicted_async_cal"] = compare(
+                by[("async", eta, k)], train, sync_time, co["slowdown"], steps
+            )["predicted"]
+            cells.append(cell)
         row = {"staleness_bound": eta}
         names = {
             "measured": "measured_steps_per_s",
             "predicted": "predicted_steps_per_s",
             "predicted_no_contention": "predicted_steps_per_s_no_contention",
+            "predicted_async_cal": "predicted_steps_per_s_async_calibrated",
             "episodes_measured": "measured_episodes_per_s",
             "episodes_predicted": "predicted_episodes_per_s",
             "st_mean": "measured_staleness_mean",
@@ -258,101 +147,12 @@ def summarise(runs: list[dict], etas: list[int], steps: int, co: dict) -> list[d
         row["predicted_staleness_max"] = max(c["st_pred_max"] for c in cells)
         row["dropped_episodes"] = sum(c["dropped"] for c in cells)
         row["rate_error"] = row["predicted_steps_per_s"] / row["measured_steps_per_s_median"] - 1
+        measured = row["measured_steps_per_s_median"]
+        row["rate_error_async_calibrated"] = row["predicted_steps_per_s_async_calibrated"] / measured - 1
         row["speedup_over_sync"] = row["measured_steps_per_s"] / mean(sync)
         row["per_repeat"] = cells
         rows.append(row)
     return rows
-
-
-def markdown(rows: list[dict], co: dict, note: str) -> str:
-    head = [
-        "pipeline",
-        "steps/s measured (median; mean ± SE)",
-        "steps/s predicted",
-        "error vs median",
-        "predicted without core sharing",
-        "episodes/s measured / predicted",
-        "mean staleness measured / predicted",
-        "max staleness measured / predicted",
-        "TV, token staleness",
-        "dropped",
-    ]
-    lines = [note, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    s = rows[0]
-    lines.append(
-        f"| sync | {s['measured_steps_per_s']:.3f} ± {s['measured_steps_per_s_se']:.3f} |" + " |" * 8
-    )
-    for r in rows[1:]:
-        cells = [
-            f"async, bound {r['staleness_bound']}",
-            f"{r['measured_steps_per_s_median']:.3f}; {r['measured_steps_per_s']:.3f} ± {r['measured_steps_per_s_se']:.3f}",
-            f"{r['predicted_steps_per_s']:.3f}",
-            f"{100 * r['rate_error']:+.1f}%",
-            f"{r['predicted_steps_per_s_no_contention']:.3f}",
-            f"{r['measured_episodes_per_s']:.1f} / {r['predicted_episodes_per_s']:.1f}",
-            f"{r['measured_staleness_mean']:.2f} / {r['predicted_staleness_mean']:.2f}",
-            f"{r['measured_staleness_max']} / {r['predicted_staleness_max']}",
-            f"{r['staleness_tv']:.3f}",
-            f"{r['dropped_episodes']}",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"Co-run slowdown: one fixed workload took {co['alone_s']:.2f} s alone and {co['together_s']:.2f} s as one of "
-        f"two concurrent processes ({co['slowdown']:.2f}x).",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    a = rows[1:]
-    x = [r["staleness_bound"] for r in a]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    ax = axes[0]
-    ax.errorbar(
-        x,
-        [r["measured_steps_per_s"] for r in a],
-        [2 * r["measured_steps_per_s_se"] for r in a],
-        marker="o",
-        capsize=3,
-        label="measured",
-    )
-    ax.plot(x, [r["predicted_steps_per_s"] for r in a], marker="s", ls="--", label="simulator")
-    ax.plot(
-        x,
-        [r["predicted_steps_per_s_no_contention"] for r in a],
-        marker="^",
-        ls=":",
-        label="simulator, no core sharing",
-    )
-    ax.axhline(rows[0]["measured_steps_per_s"], color="gray", lw=1, label="sync")
-    ax.set(xlabel="staleness bound", ylabel="training steps per second", title="throughput")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    ax = axes[1]
-    ax.errorbar(
-        x,
-        [r["measured_staleness_mean"] for r in a],
-        [2 * r["measured_staleness_mean_se"] for r in a],
-        marker="o",
-        capsize=3,
-        label="measured (per batch)",
-    )
-    ax.plot(x, [r["predicted_staleness_mean"] for r in a], marker="s", ls="--", label="simulator")
-    ax.plot(
-        x, [r["measured_token_staleness_mean"] for r in a], marker="x", ls=":", label="measured (per token)"
-    )
-    ax.set(xlabel="staleness bound", ylabel="mean staleness (versions)", title="staleness")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default="results/pipeline", help="folder for runs, histories, table.md, plot")
     p.add_argument("--json", default=None, help="also write the rows here (default OUT/pipeline.json)")
+    p.add_argument(
+        "--report", action="store_true", help="no runs: rebuild the table and plot from OUT's histories"
+    )
     p.add_argument("flags", nargs="*", help="train.py flags for every run, after --")
     args = p.parse_args(argv)
     if 0 not in args.staleness:
@@ -382,18 +185,23 @@ def main(argv: list[str] | None = None) -> int:
     etas = sorted(set(args.staleness))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print("measuring the co-run slowdown ...", flush=True)
-    co = co_run_slowdown()
-    print(f"  {co['slowdown']:.2f}x", flush=True)
+    json_path = Path(args.json) if args.json else out / "pipeline.json"
     plan = [("sync", 0, k) for k in range(args.repeats)] + [
         ("async", e, k) for k in range(args.repeats) for e in etas
     ]
-    runs = []
-    for i, (kind, eta, k) in enumerate(plan, 1):
-        run = run_once(kind, eta, k, args, out)
-        runs.append(run)
-        rate = steps_per_s([h["time/end"] for h in run["history"]])
-        print(f"[{i}/{len(plan)}] {run['name']}: {rate:.3f} steps/s ({run['wall_s']:.0f} s)", flush=True)
+    if args.report:
+        co = json.loads(json_path.read_text())["co_run"]
+        runs = [stored(kind, eta, k, out) for kind, eta, k in plan]
+    else:
+        print("measuring the co-run slowdown ...", flush=True)
+        co = co_run_slowdown()
+        print(f"  {co['slowdown']:.2f}x", flush=True)
+        runs = []
+        for i, (kind, eta, k) in enumerate(plan, 1):
+            run = run_once(kind, eta, k, args, out)
+            runs.append(run)
+            rate = steps_per_s([h["time/end"] for h in run["history"]])
+            print(f"[{i}/{len(plan)}] {run['name']}: {rate:.3f} steps/s ({run['wall_s']:.0f} s)", flush=True)
     rows = summarise(runs, etas, args.steps, co)
     note = (
         f"`python -m lrl.experiments.pipeline --staleness {' '.join(map(str, etas))} --repeats {args.repeats} "
@@ -403,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(rows, co, note)
     (out / "table.md").write_text(text)
     payload = {"rows": rows, "co_run": co, "command": note}
-    (Path(args.json) if args.json else out / "pipeline.json").write_text(json.dumps(payload, indent=1))
+    json_path.write_text(json.dumps(payload, indent=1))
     plot(rows, out / "pipeline.png")
     print(text)
     return 0

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from lrl.experiments.stats import mean_se
 
 LATE = 20  # steps after which a healthy run no longer produces malformed actions at a high rate
 
@@ -62,13 +63,6 @@ def one_seed(args: tuple) -> dict:
         "wall_s": time.time() - start,
         "log_dir": run.trainer.logger.log_dir if run.trainer.logger else None,
     }
-
-
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    """Mean and standard error of the mean (nan for one value)."""
-    mu = sum(xs) / len(xs)
-    se = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) if len(xs) > 1 else float("nan")
-    return mu, se
 
 
 def markdown(results: list[dict], flags: list[str], metrics: list[str], machine: str) -> str:

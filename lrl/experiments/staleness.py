@@ -3,6 +3,7 @@ seeds; mean and standard error of each row, as markdown, JSON and a plot.
 
     python -m lrl.experiments.staleness                  # TinyAgent: lags 0 2 4 8, TIS at 4 and 8, MIS at 8, FP8
     python -m lrl.experiments.staleness --seeds 10 --lr 5e-4 2e-3 -- --lr-schedule constant
+    python -m lrl.experiments.staleness --async-bounds 1 2 4 --async-only --jobs 1   # real async rows, lag 0 beside
     python -m lrl.experiments.staleness --grid --lags 0 4 8 --levels token sequence geometric \\
         --sampler engine -- --env review                 # every correction at every level and lag, any env
 
@@ -17,11 +18,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from lrl.experiments.staleness_report import METRICS, REWARD_TARGET, markdown, plot, summarize
+
+__all__ = [
+    "METRICS",
+    "REWARD_TARGET",
+    "grid_rows",
+    "main",
+    "markdown",
+    "one_run",
+    "plot",
+    "summarize",
+    "time_to",
+]
 
 STALE_ROWS = [
     ("lagged", 0, "none", "token"),
@@ -33,23 +47,6 @@ STALE_ROWS = [
     ("lagged", 8, "mis", "token"),
 ]
 FP8_ROWS = [("fp8", 0, "none", "token"), ("fp8", 0, "tis", "token")]
-REWARD_TARGET = 0.9
-METRICS = (
-    "heldout",
-    "w0",
-    "w1",
-    "w2",
-    "w3",
-    "mismatch",
-    "over_cap",
-    "seq_over_cap",
-    "seq_outside_band",
-    "clip_frac",
-    "action_tokens",
-    "heldout_short",
-    "heldout_long",
-    "time_to_target",
-)
 
 
 def grid_rows(sampler: str, lags: list[int], corrections: list[str], levels: list[str]) -> list[tuple]:
@@ -109,7 +106,11 @@ def one_run(args: tuple) -> dict:
         "--progress",
         "false",
     ]
-    row += ["--lag", str(lag)] if lag else []
+    if sampler == "async":  # real staleness: a rollout worker beside the trainer, `lag` is the bound
+        row[1] = "onpolicy"
+        row += ["--pipeline", "async", "--rollout-workers", "1", "--max-staleness", str(lag)]
+    elif lag:
+        row += ["--lag", str(lag)]
     row += ["--level", level] if correction != "none" else []
     cfg = parse_args([*flags, *row])
     run = build_run(cfg, logger=False)
@@ -150,93 +151,6 @@ def one_run(args: tuple) -> dict:
     }
 
 
-def key_of(r: dict) -> tuple:
-    return (r["sampler"], r["lag"], r["correction"], r["level"], r["lr"])
-
-
-def summarize(results: list[dict], key: tuple) -> dict[str, tuple[float, float]]:
-    """Mean and standard error over seeds of each metric for one row (nan values left out)."""
-    cells = [r for r in results if key_of(r) == key]
-    out = {}
-    for m in METRICS:
-        xs = [c[m] for c in cells if not math.isnan(c[m])]
-        mu = sum(xs) / len(xs) if xs else float("nan")
-        se = (
-            math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
-            if len(xs) > 1
-            else float("nan")
-        )
-        out[m] = (mu, se)
-    out["reached"] = (sum(not math.isnan(c["time_to_target"]) for c in cells), len(cells))
-    return out
-
-
-def markdown(
-    results: list[dict], rows: list[tuple], lrs: list[float], n_seeds: int, steps: int, flags: list[str]
-) -> str:
-    """The table as markdown: one line per (lr, row), mean ± standard error over seeds."""
-    lines = [
-        f"Staleness experiment: {steps} steps, {n_seeds} seeds, mean ± standard error"
-        + (f"; flags `{' '.join(flags)}`" if flags else "")
-        + ".",
-        "",
-        "| lr | sampler | lag | correction | level | held-out | reward by quarter | mismatch | over cap | "
-        f"seq over cap | seq outside band | tokens/episode | held-out short / long | s to reward {REWARD_TARGET} (reached) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for lr in lrs:
-        for row in rows:
-            s = summarize(results, (*row, lr))
-            sampler, lag, corr, level = row
-            window = " ".join(f"{s[f'w{i}'][0]:.2f}" for i in range(4))
-            reached, total = s["reached"]
-            lines.append(
-                f"| {lr:g} | {sampler} | {lag} | {corr} | {level if corr != 'none' else '-'} | "
-                f"{s['heldout'][0]:.3f} ± {s['heldout'][1]:.3f} | {window} | {s['mismatch'][0]:.3f} | "
-                f"{s['over_cap'][0]:.3f} | {s['seq_over_cap'][0]:.3f} | {s['seq_outside_band'][0]:.3f} | "
-                f"{s['action_tokens'][0]:.1f} | {s['heldout_short'][0]:.3f} / {s['heldout_long'][0]:.3f} | "
-                f"{s['time_to_target'][0]:.0f} ({reached}/{total}) |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def plot(results: list[dict], rows: list[tuple], lrs: list[float], path: Path) -> None:
-    """Held-out pass rate against lag: one line per (correction, level, lr)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    series = sorted({(r[2], r[3] if r[2] != "none" else "-", lr) for r in rows for lr in lrs})
-    for corr, level, lr in series:
-        keys = sorted({(r[0], r[1]) for r in rows if r[2] == corr and (r[3] == level or corr == "none")})
-        points = [
-            (lag, summarize(results, (s, lag, corr, level if corr != "none" else "token", lr))["heldout"])
-            for s, lag in keys
-        ]
-        points = [(lag, mu, se) for lag, (mu, se) in points if not math.isnan(mu)]
-        if points:
-            lags, mus, ses = zip(*points)
-            label = (
-                f"{corr}"
-                + (f" ({level})" if corr != "none" else "")
-                + (f", lr {lr:g}" if len(lrs) > 1 else "")
-            )
-            ax.errorbar(lags, mus, yerr=ses, marker="o", capsize=3, label=label)
-    ax.set(
-        xlabel="lag (updates the sampler is behind)",
-        ylabel="held-out pass rate",
-        ylim=(0, 1.05),
-        title="Held-out pass rate after training, mean ± SE over seeds",
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=5, help="seeds per row (default 5)")
@@ -258,6 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corrections", nargs="+", default=["none", "tis", "mis"], help="grid: corrections")
     p.add_argument("--levels", nargs="+", default=["token", "sequence", "geometric"], help="grid: levels")
     p.add_argument("--sampler", default="lagged", help="grid: the sampler of every row (default lagged)")
+    p.add_argument(
+        "--async-bounds",
+        type=int,
+        nargs="+",
+        default=[],
+        help="add real async rows (one rollout worker) at these staleness bounds, without and with TIS",
+    )
+    p.add_argument(
+        "--async-only", action="store_true", help="with --async-bounds: only lag 0 and the async rows"
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (1 thread each)")
     p.add_argument("--out", default="results/staleness", help="directory for table.md, results.json, plot")
     p.add_argument("flags", nargs="*", help="train.py flags for every run, after --")
@@ -273,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = [(s, lag, c, args.level if c != "none" else "token") for s, lag, c, _ in STALE_ROWS]
         rows += [] if args.no_fp8 else FP8_ROWS
+    if args.async_only:
+        rows = [r for r in rows if r[:3] == ("lagged", 0, "none")]
+    rows += [("async", b, c, "token") for b in args.async_bounds for c in ("none", "tis")]
     from lrl.arguments import parse_args
     from lrl.config import ConfigError
     from lrl.envs import make_env

@@ -1,18 +1,17 @@
 """The asynchronous controller: rollout workers beside the trainer, a hard staleness bound, a lossless ledger.
 
 ``AsyncRollouts`` runs in the trainer's process, in place of the synchronous stream. It starts ``rollout_workers``
-spawned processes (lazily, at the first batch, after a checkpoint's state has been loaded), hands out groups (one
-task, ``episodes_per_task`` episodes) and takes finished groups back. Staleness is bounded twice, as AReaL and
-prime-rl do (docs/pipeline.md):
+spawned processes when the fit starts (after a checkpoint's state is loaded), hands each its share of every batch's
+groups (a group: one task, ``episodes_per_task`` episodes) and takes finished groups back. Staleness is bounded
+twice, as AReaL and prime-rl do (docs/pipeline.md):
 
 - **throttle**: no more groups are started than can be trained within the bound: at most
   ``(version + 1 + max_staleness) * tasks_per_step`` groups by the time the trainer is at ``version``;
 - **consumer**: an episode whose oldest action token is more than ``max_staleness`` versions behind the trainer
   is dropped, counted, its length logged, and its id recorded (the bound holds for every trained token).
 
-Every episode has an id ``"<rank>:<serial>"``, serials counting from 0 in the order episodes were started; each
-step reports the ids it trained and dropped, and a checkpoint holds the queue, the workers' in-flight episodes and
-the ledger, so that after a kill every started episode is trained exactly once or recorded as dropped.
+Every episode has an id ``"<rank>:<serial>"`` (serials in the order episodes were started); each step reports the
+ids it trained and dropped, and a checkpoint holds the queue, the workers' in-flight episodes and the ledger.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import torch.multiprocessing as mp
 from lrl.batch import Batch, collate
 from lrl.losses import group_advantages
 from lrl.pipeline.board import WeightBoard
+from lrl.pipeline.metrics import pipeline_metrics, turns
 from lrl.pipeline.worker import worker_main
 
 POLL = 0.05  # seconds between looks at the result queue while the trainer waits
@@ -240,7 +240,7 @@ class AsyncRollouts:
         batch = collate(kept, self.spec.tok.pad_id, self.spec.metrics)
         shaped = batch["reward"] - self.cfg.invalid_penalty * batch["invalid"]
         batch["advantage"] = group_advantages(shaped, batch["task_id"], 1.0 - batch["env_failure"])
-        batch["env_turns"] = torch.tensor([float(_turns(e)) for e in kept])
+        batch["env_turns"] = torch.tensor([float(turns(e)) for e in kept])
         failed = [self.stream.position[e.task.task_id] for e in kept if e.env_failure]
         self.stream.carry += [i for i in dict.fromkeys(failed) if i not in self.stream.carry]
         if dropped_lengths:
@@ -257,21 +257,9 @@ class AsyncRollouts:
             idle += stats["idle"] - before["idle"]
             busy += stats["busy"] - before["busy"]
         self.last_stats = dict(self.worker_stats)
-        queued = sum(len(eps) for _, eps in self.ready) + sum(
-            len(e) for b in self.batches.values() for e in b.values()
-        )
-        partial = sum(len({v for v, g in zip(e.version, e.generated) if g}) > 1 for e in kept)
-        return {
-            "pipeline/queue_depth": float(queued),
-            "pipeline/trainer_wait": waited,
-            "pipeline/worker_idle": idle / max(idle + busy, 1e-9),
-            "pipeline/episodes_per_s": (len(kept) + len(dropped_lengths)) / elapsed,
-            "pipeline/dropped": float(len(dropped_lengths)),
-            "pipeline/dropped_length": sum(dropped_lengths) / len(dropped_lengths)
-            if dropped_lengths
-            else 0.0,
-            "pipeline/partial": partial / max(len(kept), 1),
-        }
+        queued = sum(len(eps) for _, eps in self.ready)
+        queued += sum(len(e) for b in self.batches.values() for e in b.values())
+        return pipeline_metrics(waited, kept, dropped_lengths, elapsed, idle, busy, queued)
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -310,8 +298,3 @@ class AsyncRollouts:
             self._tasks = state["tasks"]
         self.restore = state["workers"]
         self.consumed = state["consumed"]
-
-
-def _turns(episode) -> int:
-    """Actions the episode took: runs of generated tokens."""
-    return sum(1 for a, b in zip([False, *episode.generated], episode.generated) if b and not a)

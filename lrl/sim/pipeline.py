@@ -106,10 +106,8 @@ def _due(lanes: dict[int, list], fronts: dict[int, float], syncs: int, sync_time
             del lanes[lane_syncs], fronts[lane_syncs]
         else:
             fronts[lane_syncs] = nxt
-    if len(done) > 1:
-        done.sort(
-            key=lambda entry: entry[1]
-        )  # simultaneous ends: by start order, as the reference loop's dict iterates
+    if len(done) > 1:  # simultaneous ends: by start order, as the reference loop's dict iterates
+        done.sort(key=lambda entry: entry[1])
     return done
 
 
@@ -277,9 +275,7 @@ def simulate_pipeline(
                 fronts[lane_syncs] += sync_time  # a sync pauses every episode in flight
 
     if t == 0:
-        raise ValueError(
-            "durations, train_time and sync_time are all 0: the run takes no time, throughput is undefined"
-        )
+        raise ValueError("durations, train_time and sync_time are all 0: throughput is undefined")
     n_trained = sum(hist)
     trained_per_s = steps * batch_size / t
     in_flight = sorted((e[2], e[3], e[4]) for lane in lanes.values() for e in lane) if keep_events else None
