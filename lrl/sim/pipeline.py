@@ -275,7 +275,7 @@ def simulate_pipeline(
                 fronts[lane_syncs] += sync_time  # a sync pauses every episode in flight
 
     if t == 0:
-        raise ValueError("durations, train_time and sync_time are all 0: throughput is undefined")
+        raise ValueError("durations, train_time and sync_time are all 0: the run takes no time")
     n_trained = sum(hist)
     trained_per_s = steps * batch_size / t
     in_flight = sorted((e[2], e[3], e[4]) for lane in lanes.values() for e in lane) if keep_events else None
