@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -25,18 +24,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP = 2
-FLAGS = [
-    "--eval-every",
-    "100000",
-    "--eval-at-start",
-    "false",
-    "--eval-episodes",
-    "1",
-    "--checkpoint-every",
-    "0",
-]
-FLAGS += ["--progress", "false", "--threads", "1"]
+sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from lrl.experiments.pipeline import RUN_FLAGS  # noqa: E402  the same train.py flags as the experiment
+from lrl.experiments.stats import mean_se  # noqa: E402
+from lrl.sim.calibrate import SKIP, steps_per_s  # noqa: E402
+
 MODES = {
     "sync": [],
     "async, bound 1": ["--pipeline", "async", "--max-staleness", "1"],
@@ -54,19 +47,13 @@ MODES = {
 def run(flags: list[str], seed: int, steps: int) -> tuple[float, list[dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         history = Path(tmp) / "h.jsonl"
-        cmd = [sys.executable, "train.py", *FLAGS, *flags, "--seed", str(seed), "--max-steps", str(steps)]
+        cmd = [sys.executable, "train.py", *RUN_FLAGS, *flags, "--seed", str(seed), "--max-steps", str(steps)]
         cmd += ["--log-dir", str(Path(tmp) / "runs"), "--history-file", str(history)]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-600:]}")
         lines = [json.loads(x) for x in history.read_text().splitlines() if x.strip()]
-    ends = [h["time/end"] for h in lines]
-    return (len(ends) - 1 - SKIP) / (ends[-1] - ends[SKIP]), lines
-
-
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    mu = statistics.fmean(xs)
-    return mu, (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
+    return steps_per_s([h["time/end"] for h in lines]), lines
 
 
 def group_durations(n: int, seed: int = 0) -> list[float]:

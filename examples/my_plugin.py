@@ -33,8 +33,8 @@ def lagged_topk(cfg, tok):
 @lrl.weights.register_correction("tis_both", uses=("cap",))
 def tis_both(logp_trainer, logp_sampler, mask, cfg):
     """importance weights pi_old/mu clamped into [1/cap, cap]: [B, T] -> [B, T], 0 off the mask"""
-    log_ratio = (logp_trainer - logp_sampler).detach()
-    return log_ratio.clamp(-math.log(cfg.cap), math.log(cfg.cap)).exp() * mask
+    gap = logp_trainer.detach() - logp_sampler  # log of the importance ratio, no gradient
+    return gap.clamp(-math.log(cfg.cap), math.log(cfg.cap)).exp() * mask
 
 
 # -- an environment: repeat the word you are shown --------------------------------------------------------

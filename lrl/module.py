@@ -284,9 +284,9 @@ class Stopwatch:
 def merged_ledger(ranks: Ranks, own: dict) -> dict:
     """Every rank's ledger of the step as one: ids and per-group seconds concatenated in rank order, token counts
     per staleness summed. Every rank calls it (a collective under DDP), so every rank's history holds it all."""
-    parts = ranks.gather_objects(own)
-    if len(parts) == 1:
+    if not own or ranks.world == 1:  # sync mode has no ledger on any rank: no collective on the hot path
         return own
+    parts = ranks.gather_objects(own)
     out: dict = {}
     for part in parts:
         for key, value in part.items():

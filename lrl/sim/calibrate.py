@@ -35,18 +35,21 @@ def token_staleness_mean(history: list[dict]) -> float:
     return sum(k * c for k, c in enumerate(counts)) / n if n else float("nan")
 
 
-def sync_train_time(run: dict) -> float:
-    """The trainer's seconds per step outside sampling, from a synchronous run's logs (step SKIP on)."""
+def _time_outside(run: dict, key: str) -> float:
+    """Mean seconds per step (step SKIP on) between step ends, less the step's `key` (its time getting data)."""
     h = run["history"]
     ends = [x["time/end"] for x in h]
-    return mean([b - a - x["time/sample"] for a, b, x in zip(ends, ends[1:], h[1:])][SKIP:])
+    return mean([b - a - x[key] for a, b, x in zip(ends, ends[1:], h[1:])][SKIP:])
+
+
+def sync_train_time(run: dict) -> float:
+    """The trainer's seconds per step outside sampling, from a synchronous run's logs."""
+    return _time_outside(run, "time/sample")
 
 
 def async_train_time(run: dict) -> float:
-    """The trainer's seconds per step outside waiting for data, from an async run's logs (step SKIP on)."""
-    h = run["history"]
-    ends = [x["time/end"] for x in h]
-    return mean([b - a - x["pipeline/trainer_wait"] for a, b, x in zip(ends, ends[1:], h[1:])][SKIP:])
+    """The trainer's seconds per step outside waiting for data, from an async run's logs."""
+    return _time_outside(run, "pipeline/trainer_wait")
 
 
 def handoff(run: dict) -> float:
