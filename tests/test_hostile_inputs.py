@@ -1,0 +1,216 @@
+"""Hostile or mistaken input is refused before anything is built: exit 2 and one line that says what and why.
+
+Each case here once got through (it ran, hung, wrote where it should not, or ended in a traceback or a
+misleading message); every refusal must come before the run trains, warm-starts or starts a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import FAST, one_clear_line, train
+
+from lrl.policy import make_policy, save_policy
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tok, format_policy):
+    path = tmp_path_factory.mktemp("model") / "policy"
+    save_policy(format_policy, tok, path)
+    return path
+
+
+def refused(*args, needles=()) -> str:
+    out = train(*args)
+    one_clear_line(out, 2, "train.py: error:", *needles)
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    return out.stderr
+
+
+# -- names and files ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["../../escaped", "a/b", "/abs/olute", "..", "."])
+def test_a_run_name_that_is_a_path_is_refused(tmp_path, model_dir, name):
+    refused(
+        *FAST,
+        "--model",
+        str(model_dir),
+        "--log-dir",
+        str(tmp_path / "runs"),
+        "--run-name",
+        name,
+        needles=("run_name",),
+    )
+    assert not (tmp_path / "escaped").exists() and not Path("/abs/olute").exists()
+
+
+def test_a_history_file_that_is_not_an_lrl_history_is_left_alone(tmp_path, model_dir):
+    config = tmp_path / "mine.yaml"
+    config.write_text("lr: 0.001\nmax_steps: 3\n")
+    refused(
+        *FAST,
+        "--model",
+        str(model_dir),
+        "--log-dir",
+        str(tmp_path / "runs"),
+        "--history-file",
+        str(config),
+        needles=("history_file", "not an lrl history"),
+    )
+    assert config.read_text() == "lr: 0.001\nmax_steps: 3\n"
+
+
+# -- plugins --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("raised", ["SystemExit(0)", "SystemExit('bye')", "KeyboardInterrupt()"])
+def test_a_plugin_that_exits_or_interrupts_on_import_is_a_config_error(tmp_path, monkeypatch, raised):
+    name = f"exiting_{abs(hash(raised))}"
+    (tmp_path / f"{name}.py").write_text(f"raise {raised}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    refused("--plugins", name, *FAST, needles=("plugins", name, raised.split("(")[0]))
+
+
+# -- YAML -----------------------------------------------------------------------------------------------
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for i, name in enumerate("bcdefghi"):
+        previous = "abcdefghi"[i]
+        lines.append(f"{name}: &{name} [{','.join(['*' + previous] * 9)}]")
+    lines.append("plugins: *i")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    assert bomb.stat().st_size < 400
+    start = time.time()
+    refused("--config", str(bomb), needles=("config", "alias"))
+    assert time.time() - start < 5
+
+
+def test_a_huge_yaml_file_is_refused(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("# padding\n" * 200_000 + "lr: 0.001\n")
+    refused("--config", str(big), needles=("config", "larger than"))
+
+
+def test_a_yaml_key_given_twice_is_refused(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("lr: 0.001\nmax_steps: 3\nlr: 0.1\n")
+    refused("--config", str(twice), needles=("lr", "twice"))
+
+
+# -- options that do not apply ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--rollout-workers", "4"], "rollout_workers"),
+        (["--deterministic", "true"], "deterministic"),
+        (["--max-staleness", "7"], "max_staleness"),
+        (["--partial-rollouts", "drain"], "partial_rollouts"),
+        (
+            [
+                "--pipeline",
+                "async",
+                "--partial-rollouts",
+                "drain",
+                "--deterministic",
+                "true",
+                "--switch-tokens",
+                "8",
+            ],
+            "switch_tokens",
+        ),
+        (["--pipeline", "async", "--switch-tokens", "8"], "switch_tokens"),
+        (["--worker-timeout", "5"], "worker_timeout"),
+    ],
+)
+def test_options_that_do_not_apply_to_the_pipeline_are_refused(flags, needle):
+    refused(*FAST, *flags, needles=(needle,))
+
+
+def test_more_workers_than_groups_of_work_is_refused():
+    refused(*FAST, "--pipeline", "async", "--rollout-workers", "4", needles=("rollout_workers", "groups"))
+
+
+def test_workers_that_do_not_fit_in_memory_are_refused():
+    refused(
+        "--pipeline",
+        "async",
+        "--rollout-workers",
+        "256",
+        "--tasks-per-step",
+        "20",
+        "--episodes-per-task",
+        "16",
+        needles=("rollout_workers", "GiB"),
+    )
+
+
+# -- models and tokenizers --------------------------------------------------------------------------------
+def test_a_model_with_a_context_shorter_than_an_episode_is_refused(tmp_path, tok):
+    short = make_policy(tok, max_position_embeddings=16)
+    save_policy(short, tok, tmp_path / "short")
+    refused(*FAST, "--model", str(tmp_path / "short"), needles=("model", "16", "positions"))
+
+
+def test_huge_weights_are_not_called_a_non_causal_model(tmp_path, tok):
+    model = make_policy(tok)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1e15)
+    save_policy(model, tok, tmp_path / "huge")
+    err = refused(*FAST, "--model", str(tmp_path / "huge"), needles=("model",))
+    assert "not a causal LM" not in err
+    assert "finite" in err or "large" in err
+
+
+def test_a_tokenizer_that_cannot_spell_the_actions_is_refused_before_the_warm_start(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", "hello", "world"])}
+    word = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    word.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=word, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    fast.save_pretrained(tmp_path / "tok")
+    start = time.time()
+    err = refused(*FAST, "--tokenizer", str(tmp_path / "tok"), needles=("tokenizer", "read"))
+    assert time.time() - start < 20  # not after a warm start
+    assert err.count("tokenizer:") == 1
+
+
+def test_a_broken_tokenizer_folder_names_the_option_once(tmp_path):
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{ not json")
+    err = refused(*FAST, "--tokenizer", str(tmp_path / "tok"), needles=("tokenizer",))
+    assert "tokenizer: tokenizer:" not in err
+
+
+# -- messages -----------------------------------------------------------------------------------------------
+def test_a_checkpoint_of_random_bytes_gets_lrl_words_not_torch_advice(tmp_path):
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(os.urandom(2048))
+    err = refused(*FAST, "--resume", str(junk), "--log-dir", str(tmp_path / "runs"), needles=("junk.ckpt",))
+    assert "weights_only" not in err and "likely succeed" not in err and "trust" not in err
+
+
+@pytest.mark.parametrize("flags", [["--max-steps", "abc"], ["--lr", "fast"], ["--max-steps"]])
+def test_a_flag_of_the_wrong_type_is_one_line(flags):
+    out = train(*flags)
+    text = out.stderr
+    assert out.returncode == 2
+    assert len(text.strip().splitlines()) == 1, text
+    assert flags[0].lstrip("-").replace("-", "_") in text or flags[0] in text
+    assert "usage:" not in text
+
+
+def test_the_jump_monitor_never_prints_a_ratio_to_zero():
+    from callbacks.jumps import JumpMonitor
+
+    monitor = JumpMonitor(factor=5.0)
+    text = monitor.describe(7, "train/invalid", "malformed-action rate", 0.125, 0.0)
+    assert "x its median" not in text and "0.125" in text and "median 0" in text
+    text = monitor.describe(7, "train/invalid", "malformed-action rate", 0.5, 0.05)
+    assert "10.0x" in text
