@@ -115,6 +115,28 @@ class Config:
     switch_tokens: int = option(
         4, "async, deterministic, interrupt: decode steps between scheduled weight switches", ge=1, le=MAX_INT
     )
+    worker_timeout: float = option(
+        30.0, "async: seconds a rollout worker may go without a heartbeat before it counts as hung", gt=0
+    )
+    staleness_drop: bool = option(
+        True,
+        "async: drop episodes older than max_staleness when the trainer takes them (false: the throttle alone)",
+    )
+    slots: int = option(
+        0,
+        "episodes a rollout engine keeps in flight, decoded together one token per step (continuous "
+        "batching); 0: a batch (or a worker's share) in lockstep turns",
+        ge=0,
+        le=65_536,
+    )
+    tool_latency: str = option(
+        "none", "delay of every environment step: none, or lognormal:MEDIAN:SIGMA (seconds), seeded"
+    )
+    tool_timeout: float | None = option(
+        None,
+        "an environment step that takes longer is an environment failure (seconds; none: no limit)",
+        gt=0,
+    )
     # update
     lr: float = option(1e-3, "Adam learning rate (the peak of the schedule)", gt=0)
     minibatches: int = option(4, "shuffled minibatch updates per sampled batch", gt=0, le=MAX_INT)
@@ -292,4 +314,15 @@ def _shared_rules(cfg: Config) -> list[str]:
     return problems
 
 
-RULES = [_shared_rules, _registry_rules]
+def _rollout_rules(cfg: Config) -> list[str]:
+    """The rollout engine's own options: a latency that parses, and a timeout that can be met."""
+    from lrl.envs.latency import parse_latency
+
+    try:
+        parse_latency(cfg.tool_latency)
+    except ValueError as err:
+        return [f"tool_latency: {err}"]
+    return []
+
+
+RULES = [_shared_rules, _registry_rules, _rollout_rules]
