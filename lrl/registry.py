@@ -9,12 +9,17 @@ imported (:func:`load_builtins`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+_NO_DEFAULT = object()
 
-class RegistryError(ValueError):
-    """A name registered twice, or a name that is not registered."""
+
+class RegistryError(ValueError, KeyError):
+    """A name registered twice, or a name that is not registered (a KeyError too, for ``registry[name]``)."""
+
+    def __str__(self) -> str:  # KeyError's own str() would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -29,8 +34,16 @@ class Entry:
     defaults: tuple[tuple[str, object], ...] = ()  # config values this entry sets where the user set none
 
 
-class Registry:
-    """Name -> Entry for one kind of choice (``sampler``, ``correction``, ``env``)."""
+class Registry(Mapping):
+    """A read-only mapping of name -> Entry for one kind of choice (``sampler``, ``correction``, ``env``).
+
+    ``SAMPLERS["onpolicy"]``, ``len(SAMPLERS)``, ``"lagged" in SAMPLERS`` and ``dict(SAMPLERS.items())`` work as
+    for any mapping; an unknown name raises :class:`RegistryError` (a KeyError) listing what is registered.
+    Entries are added only through :meth:`register`. Two registries are equal only when they are the same one.
+    """
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     def __init__(self, kind: str):
         self.kind = kind
@@ -58,12 +71,19 @@ class Registry:
     def names(self) -> list[str]:
         return list(self.entries)
 
-    def get(self, name: str) -> Entry:
-        if name not in self.entries:
-            raise RegistryError(
-                f"{self.kind} {name!r} is not registered; choose one of {', '.join(self.entries)}"
-            )
-        return self.entries[name]
+    def get(self, name: str, default=_NO_DEFAULT) -> Entry:
+        """The entry of `name`; an unknown name is a RegistryError listing the registered ones, unless a
+        `default` is given (then that is returned, as for any mapping)."""
+        if name in self:
+            return self.entries[name]
+        if default is not _NO_DEFAULT:
+            return default
+        raise RegistryError(
+            f"{self.kind} {name!r} is not registered; choose one of {', '.join(self.entries)}"
+        )
+
+    def __getitem__(self, name: str) -> Entry:
+        return self.get(name)
 
     def users(self, key: str) -> list[str]:
         """Names of the entries that read config key `key`."""
@@ -72,8 +92,11 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name in self.entries
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(list(self.entries))
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 SAMPLERS = Registry("sampler")
