@@ -9,6 +9,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from callbacks._common import log_scalars, log_step, published, tensorboard
 
+ZERO_LEVEL = 1e-12  # a median below this is reported as 0, without a ratio
 WATCHED = {"train/step_kl": "KL(pi_old || pi_new) of the step", "train/invalid": "malformed-action rate"}
 
 
@@ -58,12 +59,20 @@ class JumpMonitor(L.Callback):
         self.last = flags
         log_scalars(trainer, pl_module, flags)
 
-    def _warn(self, trainer, version: int, key: str, what: str, value: float, level: float) -> None:
-        message = (
-            f"JumpMonitor: at step {version} the {what} ({key}) jumped to {value:.4g}, {value / max(level, 1e-12):.1f}x "
-            f"its median {level:.4g} over the previous {len(self.recent[key])} steps. A single destructive update "
-            f"is the usual cause; see docs/stability.md."
+    def describe(self, version: int, key: str, what: str, value: float, level: float) -> str:
+        """The warning's text: the value, and its ratio to the recent median (no ratio to a median of 0)."""
+        over = f"over the previous {len(self.recent.get(key, ()))} steps"
+        if level < ZERO_LEVEL:  # a ratio to 0 is a meaningless huge number
+            jumped = f"jumped to {value:.4g} from a median of 0 {over}"
+        else:
+            jumped = f"jumped to {value:.4g}, {value / level:.1f}x its median {level:.4g} {over}"
+        return (
+            f"JumpMonitor: at step {version} the {what} ({key}) {jumped}. A single destructive update is the usual "
+            f"cause; see docs/stability.md."
         )
+
+    def _warn(self, trainer, version: int, key: str, what: str, value: float, level: float) -> None:
+        message = self.describe(version, key, what, value, level)
         self.events.append({"step": version, "key": key, "value": value, "level": level})
         rank_zero_warn(message)
         writer = tensorboard(trainer)
