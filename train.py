@@ -14,17 +14,20 @@ check; 4 every step was skipped (nothing could be learned); 130 / 143 stopped by
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 import signal
 import sys
 import time
 
 NOTHING_LEARNED = 4
+# terminal escape sequences (colours, cursor moves) that a library's message may carry: CSI, OSC, and 2-byte ones
+ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
 
 
 def one_line(err: Exception) -> str:
-    """An error's message on one line (library messages can carry newlines)."""
-    return " ".join(str(err).split())
+    """An error's message on one line and as plain text (library messages can carry newlines and colours)."""
+    return " ".join(ESCAPES.sub("", str(err)).split())
 
 
 def main(argv: list[str] | None = None) -> int:
