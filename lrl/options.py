@@ -53,9 +53,12 @@ def import_plugins(names: list[str]) -> list[str]:
         except RegistryError as err:
             sys.modules.pop(name, None)
             problems.append(f"plugins: {name!r}: {err}")
-        except Exception as err:  # any import failure of user code is a config error, not a traceback
+        except BaseException as err:  # noqa: B036
+            # any way user code ends its import (an exception, exit(), a KeyboardInterrupt it raises) is a
+            # config error that names it, never a traceback or a silent exit of train.py
             sys.modules.pop(name, None)
-            problems.append(f"plugins: cannot import {name!r} ({type(err).__name__}: {err})")
+            detail = f": {err}" if str(err) else ""
+            problems.append(f"plugins: cannot import {name!r} ({type(err).__name__}{detail})")
     return problems
 
 
