@@ -11,32 +11,12 @@ from __future__ import annotations
 import argparse
 import typing
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from lrl.config import REGISTRIES, Config, ConfigError
-from lrl.options import accepted_types, bounds_text, default_of, exists, import_plugins
+from lrl.configfile import load_yaml
+from lrl.options import accepted_types, bounds_text, default_of, import_plugins
 from lrl.registry import Registry, load_builtins
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file -> dict; missing files and non-mapping files are refused."""
-    if not exists(path):
-        raise ConfigError(f"config: {str(path)!r} does not exist")
-    path = Path(path)
-    if not path.is_file():  # a folder, a pipe (which would block the read), a device
-        raise ConfigError(f"config: {str(path)!r} is not a regular file")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config: {path} is not valid YAML ({err})") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config: {str(path)!r} cannot be read as a text file ({err})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config: {path} must hold a mapping of keys to values, not {type(data).__name__}")
-    return data
 
 
 def from_dict(data: dict[str, Any]) -> Config:
