@@ -9,6 +9,7 @@ holds no per-sampler or per-correction rule. ``plugins`` are imported before any
 
 from __future__ import annotations
 
+import os
 import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -17,6 +18,7 @@ from lrl.options import MAX_INT, check_field, default_of, exists, import_plugins
 from lrl.registry import CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, Registry, load_builtins
 
 REGISTRIES: dict[str, Registry] = {"sampler": SAMPLERS, "correction": CORRECTIONS, "env": ENVS}
+ASYNC = {"pipeline": "async"}  # options of the asynchronous pipeline alone (option(..., when=ASYNC))
 
 
 class ConfigError(ValueError):
@@ -99,28 +101,41 @@ class Config:
         choices=("sync", "async"),
     )
     rollout_workers: int = option(
-        1, "async: rollout worker processes (spawned, one torch thread each)", ge=1, le=256
+        1, "async: rollout worker processes (spawned, one torch thread each)", ge=1, le=256, when=ASYNC
     )
     max_staleness: int = option(
-        1, "async: no trained token is more than this many versions behind the trainer", ge=0, le=1000
+        1,
+        "async: no trained token is more than this many versions behind the trainer",
+        ge=0,
+        le=1000,
+        when=ASYNC,
     )
     partial_rollouts: str = option(
         "interrupt",
         "async: interrupt (switch weights at the next token) or drain (finish on the old ones)",
         choices=("interrupt", "drain"),
+        when=ASYNC,
     )
     deterministic: bool = option(
-        False, "async: weights switch on a logical clock, so runs repeat exactly (slower)"
+        False, "async: weights switch on a logical clock, so runs repeat exactly (slower)", when=ASYNC
     )
     switch_tokens: int = option(
-        4, "async, deterministic, interrupt: decode steps between scheduled weight switches", ge=1, le=MAX_INT
+        4,
+        "async, deterministic, interrupt: decode steps between scheduled weight switches",
+        ge=1,
+        le=MAX_INT,
+        when={**ASYNC, "deterministic": True, "partial_rollouts": "interrupt"},
     )
     worker_timeout: float = option(
-        30.0, "async: seconds a rollout worker may go without a heartbeat before it counts as hung", gt=0
+        30.0,
+        "async: seconds a rollout worker may go without a heartbeat before it counts as hung",
+        gt=0,
+        when=ASYNC,
     )
     staleness_drop: bool = option(
         True,
         "async: drop episodes older than max_staleness when the trainer takes them (false: the throttle alone)",
+        when=ASYNC,
     )
     slots: int = option(
         0,
@@ -283,6 +298,55 @@ def _registry_rules(cfg: Config) -> list[str]:
     return problems
 
 
+def _mode_rules(cfg: Config) -> list[str]:
+    """An option that belongs to a mode (``option(..., when=...)``) is set only in that mode."""
+    problems = []
+    for f in fields(cfg):
+        when = f.metadata.get("when")
+        value = getattr(cfg, f.name)
+        if not when or value == default_of(f):
+            continue
+        unmet = [key for key, wanted in when.items() if getattr(cfg, key) != wanted]
+        if unmet:
+            here = ", ".join(f"{key}: {_yaml(getattr(cfg, key))}" for key in unmet)
+            needed = ", ".join(f"{key}: {_yaml(wanted)}" for key, wanted in when.items())
+            problems.append(f"{f.name}: {value!r} is not used with {here}; it applies only with {needed}")
+    return problems
+
+
+def _yaml(value) -> str:
+    """A value as it is written in YAML or on the command line (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _pipeline_rules(cfg: Config) -> list[str]:
+    """The asynchronous pipeline's workers: no more than the groups of work they share, and they fit in memory."""
+    if cfg.pipeline != "async":
+        return []
+    from lrl.budget import check_workers
+
+    problems = []
+    groups = cfg.tasks_per_step // cfg.world_size
+    if cfg.rollout_workers > groups:
+        problems.append(
+            f"rollout_workers: {cfg.rollout_workers} is more than the {groups} groups of work a step has per "
+            f"process (tasks_per_step / (devices x num_nodes)), so some would never work; use at most {groups}"
+        )
+    return problems + check_workers(cfg)
+
+
+def _run_name_rules(cfg: Config) -> list[str]:
+    """The run's folder is <log_dir>/<run_name>: a single folder name, never a path that leaves log_dir."""
+    name = cfg.run_name
+    separators = {"/", "\0", os.sep, os.altsep} - {None}
+    if name in (".", "..") or any(s in name for s in separators):
+        return [
+            f"run_name: {name!r} is not allowed; it must be one folder name under log_dir "
+            "(no '/', not '.' or '..')"
+        ]
+    return []
+
+
 def _shared_rules(cfg: Config) -> list[str]:
     problems = []
     if cfg.pipeline == "async" and cfg.lag:
@@ -325,4 +389,4 @@ def _rollout_rules(cfg: Config) -> list[str]:
     return []
 
 
-RULES = [_shared_rules, _registry_rules, _rollout_rules]
+RULES = [_run_name_rules, _shared_rules, _mode_rules, _pipeline_rules, _registry_rules, _rollout_rules]

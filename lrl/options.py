@@ -19,13 +19,27 @@ from lrl.registry import Registry, RegistryError
 MAX_INT = 2**31 - 1  # every integer option is bounded: a 20-digit --max-steps is refused, not overflowed
 
 
-def option(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, scope: str | None = None):
-    """A config field: default, help, and its bounds (ge/gt/le/lt), choices, or registry scope.
+def option(
+    default,
+    help: str,
+    *,
+    choices=None,
+    ge=None,
+    gt=None,
+    le=None,
+    lt=None,
+    scope: str | None = None,
+    when: dict | None = None,
+):
+    """A config field: default, help, and its bounds (ge/gt/le/lt), choices, registry scope or mode.
 
     ``scope`` names a registry (``"sampler"``): the option is read only by the entries that list it in
-    ``uses``, and setting it away from its default for another entry is an error.
+    ``uses``, and setting it away from its default for another entry is an error. ``when`` names the mode it
+    belongs to, as the values other options must have (``{"pipeline": "async"}``): setting it away from its
+    default in another mode is an error.
     """
     meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "scope": scope}
+    meta["when"] = dict(when or {})
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
