@@ -15,7 +15,7 @@ from typing import Any
 
 from lrl.config import REGISTRIES, Config, ConfigError
 from lrl.configfile import load_yaml
-from lrl.options import accepted_types, bounds_text, default_of, import_plugins
+from lrl.options import accepted_types, bounds_text, default_of, import_plugins, type_name
 from lrl.registry import Registry, load_builtins
 
 
@@ -61,25 +61,60 @@ def _parse_bool(text: str) -> bool:
         return True
     if text.lower() in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _parse_none(kind):
-    """A flag type that reads 'none'/'null' as None for optional fields."""
-
-    def parse(text: str):
-        return None if text.lower() in ("none", "null") else kind(text)
-
-    return parse
+    raise argparse.ArgumentTypeError(f"{text!r} is not allowed; it must be true or false")
 
 
 def _flag_type(annotation):
+    """The flag's parser: text -> value of the field's type; an ArgumentTypeError in lrl's words otherwise."""
     kinds = accepted_types(annotation)
     base = next(k for k in kinds if k is not type(None))
     if base is list:
         return lambda text: [p for p in text.split(",") if p]
     kind = {int: int, float: float, bool: _parse_bool, str: str}[base]
-    return _parse_none(kind) if type(None) in kinds and base is not str else kind
+    optional = type(None) in kinds and base is not str
+
+    def parse(text: str):
+        if optional and text.lower() in ("none", "null"):
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not allowed; it must be {type_name(annotation)}"
+            ) from None
+
+    return parse
+
+
+class BooleanFlag(argparse.Action):
+    """A boolean option as ``--flag``, ``--no-flag`` or ``--flag true|false`` (the form a YAML value takes)."""
+
+    def __init__(self, option_strings, dest, **kw):
+        name = option_strings[0][2:]
+        super().__init__([f"--{name}", f"--no-{name}"], dest, nargs="?", const=None, type=_parse_bool, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string.startswith("--no-"):
+            if values is not None:
+                raise argparse.ArgumentError(self, f"{option_string} takes no value; it means false")
+            values = False
+        setattr(namespace, self.dest, True if values is None else values)
+
+
+class _Formatter(argparse.HelpFormatter):
+    def _format_action_invocation(self, action):
+        if isinstance(action, BooleanFlag):
+            yes, no = action.option_strings
+            return f"{yes} [true|false], {no}"
+        return super()._format_action_invocation(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line as one ConfigError line (train.py prints it), not the usage."""
+
+    def error(self, message: str):
+        message = message.removeprefix("argument ")
+        raise ConfigError(f"invalid command line: {message} (python train.py --help lists every option)")
 
 
 def _help(f) -> str:
@@ -94,48 +129,53 @@ def _help(f) -> str:
         text += f"; {bounds_text(meta)}"
     if meta.get("scope"):
         text += f" (read by {meta['scope']}s: {', '.join(REGISTRIES[meta['scope']].users(f.name)) or 'none'})"
+    if meta.get("when"):
+        text += f" (only with {', '.join(f'{k} {_shown(v)}' for k, v in meta['when'].items())})"
     default = default_of(f)
-    return f"{text} (default: {','.join(default) if isinstance(default, list) else default})"
+    return f"{text} (default: {','.join(default) if isinstance(default, list) else _shown(default)})"
+
+
+def _shown(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """argparse over every Config field; defaults are suppressed so that only given flags override the YAML."""
     load_builtins()
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="train.py",
         description="Train an agent (TinyAgent by default, or a local transformers causal LM) with RL from a "
         "behavior sampler. Every option is also a YAML key.",
         argument_default=argparse.SUPPRESS,
+        formatter_class=_Formatter,
     )
     parser.add_argument("--config", help="YAML file of the keys below; flags override it")
     hints = typing.get_type_hints(Config)
     for f in fields(Config):
         flag = f"--{f.name.replace('_', '-')}"
-        parser.add_argument(flag, type=_flag_type(hints[f.name]), help=_help(f), metavar=f.name.upper())
+        if hints[f.name] is bool:
+            parser.add_argument(flag, action=BooleanFlag, help=_help(f), metavar="true|false")
+        else:
+            parser.add_argument(flag, type=_flag_type(hints[f.name]), help=_help(f), metavar=f.name.upper())
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
     """Command line -> Config: plugins imported first, then defaults, entry defaults, the YAML file, the flags."""
-    pre = argparse.ArgumentParser(prog="train.py", add_help=False, exit_on_error=False)
+    pre = Parser(prog="train.py", add_help=False, exit_on_error=False)
     pre.add_argument("--plugins", default=None)
     pre.add_argument("--config", default=None)
     try:
         known, _ = pre.parse_known_args(argv)
-    except (argparse.ArgumentError, SystemExit) as err:
-        raise ConfigError(f"invalid command line: {err}") from None
+    except argparse.ArgumentError as err:
+        pre.error(str(err))
     data = load_yaml(known.config) if known.config else {}
     plugins = known.plugins.split(",") if known.plugins is not None else data.get("plugins", [])
     problems = import_plugins([p for p in plugins if p]) if isinstance(plugins, list) else []
     if problems:
         raise ConfigError("; ".join(problems))
     parser = build_parser()
-    try:
-        args = vars(parser.parse_args(argv))
-    except SystemExit as exit_:
-        if exit_.code == 0:
-            raise
-        raise ConfigError("invalid command line; see the message above and --help") from None
+    args = vars(parser.parse_args(argv))  # --help prints the help and exits 0; an error is a ConfigError
     args.pop("config", None)
     data.update(args)
     return from_dict(data)

@@ -148,3 +148,109 @@ def test_optional_float_fields_are_typed(monkeypatch):
         Extended(budget="x")
     with pytest.raises(ConfigError, match="budget: -1 is not allowed; it must be > 0"):
         Extended(budget=-1)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--deterministic"], True),
+        (["--no-deterministic"], False),
+        (["--deterministic", "true"], True),
+        (["--deterministic", "false"], False),
+        (["--deterministic", "--max-steps", "4"], True),  # a bare flag before another flag
+        (["--no-deterministic", "--deterministic"], True),  # the last one given wins
+    ],
+)
+def test_a_boolean_flag_takes_the_bare_the_negated_and_the_valued_form(argv, expected):
+    assert parse_args(["--pipeline", "async", *argv]).deterministic is expected
+
+
+def test_a_negated_boolean_flag_takes_no_value():
+    with pytest.raises(ConfigError, match="invalid command line: .*--no-progress takes no value"):
+        parse_args(["--no-progress", "true"])
+    with pytest.raises(ConfigError, match="--progress.*'maybe' is not allowed; it must be true or false"):
+        parse_args(["--progress", "maybe"])
+
+
+def test_help_shows_both_forms_of_a_boolean_flag():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0
+    assert "--deterministic [true|false], --no-deterministic" in out.stdout
+    assert "--progress [true|false], --no-progress" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--max-steps", "abc"], r"--max-steps: 'abc' is not allowed; it must be an integer"),
+        (["--lr", "fast"], r"--lr: 'fast' is not allowed; it must be a number"),
+        (["--max-steps"], "--max-steps: expected one argument"),
+        (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_a_bad_command_line_is_one_config_error(argv, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        parse_args(argv)
+    assert "\n" not in str(err.value) and "usage:" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        (dict(rollout_workers=2), "rollout_workers"),
+        (dict(max_staleness=0), "max_staleness"),
+        (dict(partial_rollouts="drain"), "partial_rollouts"),
+        (dict(deterministic=True), "deterministic"),
+        (dict(worker_timeout=5.0), "worker_timeout"),
+        (dict(staleness_drop=False), "staleness_drop"),
+        (dict(pipeline="async", switch_tokens=8), "switch_tokens"),
+        (
+            dict(pipeline="async", deterministic=True, partial_rollouts="drain", switch_tokens=8),
+            "switch_tokens",
+        ),
+    ],
+)
+def test_an_option_of_another_mode_is_refused(settings, key):
+    with pytest.raises(
+        ConfigError, match=f"^{key}: .* is not used with .*; it applies only with pipeline: async"
+    ):
+        Config(**settings)
+
+
+def test_options_of_the_chosen_mode_are_accepted():
+    cfg = Config(
+        pipeline="async", deterministic=True, switch_tokens=8, rollout_workers=2, staleness_drop=False
+    )
+    assert cfg.switch_tokens == 8 and cfg.rollout_workers == 2
+    assert (
+        Config(slots=4, tool_timeout=2.0).slots == 4
+    )  # the rollout engine's options belong to both pipelines
+    assert Config(pipeline="async", slots=4, tool_latency="lognormal:0.01:0.5").slots == 4
+
+
+def test_more_rollout_workers_than_groups_of_work_are_refused():
+    with pytest.raises(ConfigError, match=r"rollout_workers: 5 is more than the 4 groups of work a step has"):
+        Config(pipeline="async", rollout_workers=5, tasks_per_step=4)
+    with pytest.raises(ConfigError, match=r"rollout_workers: 3 is more than the 2 groups"):
+        Config(pipeline="async", rollout_workers=3, tasks_per_step=4, devices=2)
+    assert Config(pipeline="async", rollout_workers=4, tasks_per_step=4).rollout_workers == 4
+
+
+def test_rollout_workers_that_do_not_fit_in_memory_are_refused(monkeypatch):
+    import lrl.budget
+
+    monkeypatch.setattr(lrl.budget, "available_bytes", lambda: 2 * 2**30)  # a 2 GiB machine
+    with pytest.raises(
+        ConfigError, match=r"rollout_workers: 8 workers need about 3.1 GiB .* 2.0 GiB available"
+    ):
+        Config(pipeline="async", rollout_workers=8)
+    assert Config(pipeline="async", rollout_workers=4).rollout_workers == 4
+
+
+@pytest.mark.parametrize("name", ["../up", "a/b", "/abs", "..", ".", "a\x00b"])
+def test_a_run_name_that_is_a_path_is_refused(name):
+    with pytest.raises(ConfigError, match="run_name: .* must be one folder name under log_dir"):
+        Config(run_name=name)
+    assert Config(run_name="my-run.v2").run_name == "my-run.v2"

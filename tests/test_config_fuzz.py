@@ -10,7 +10,12 @@ from lrl.arguments import from_dict, parse_args
 from lrl.config import Config, ConfigError
 
 FIELDS = [f.name for f in fields(Config)]
-FLAGS = ["--" + name.replace("_", "-") for name in FIELDS] + ["--config"]
+BOOLEANS = [f.name for f in fields(Config) if f.type in (bool, "bool")]
+FLAGS = (
+    ["--" + name.replace("_", "-") for name in FIELDS]
+    + ["--no-" + name.replace("_", "-") for name in BOOLEANS]  # --flag alone, --no-flag and --flag true|false
+    + ["--config"]
+)
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 scalars = st.one_of(
