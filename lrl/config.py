@@ -101,40 +101,40 @@ class Config:
         choices=("sync", "async"),
     )
     rollout_workers: int = option(
-        1, "async: rollout worker processes (spawned, one torch thread each)", ge=1, le=256, when=ASYNC
+        1, "rollout worker processes (spawned, one torch thread each)", ge=1, le=256, when=ASYNC
     )
     max_staleness: int = option(
         1,
-        "async: no trained token is more than this many versions behind the trainer",
+        "no trained token is more than this many versions behind the trainer",
         ge=0,
         le=1000,
         when=ASYNC,
     )
     partial_rollouts: str = option(
         "interrupt",
-        "async: interrupt (switch weights at the next token) or drain (finish on the old ones)",
+        "interrupt (switch weights at the next token) or drain (finish on the old ones)",
         choices=("interrupt", "drain"),
         when=ASYNC,
     )
     deterministic: bool = option(
-        False, "async: weights switch on a logical clock, so runs repeat exactly (slower)", when=ASYNC
+        False, "weights switch on a logical clock, so runs repeat exactly (slower)", when=ASYNC
     )
     switch_tokens: int = option(
         4,
-        "async, deterministic, interrupt: decode steps between scheduled weight switches",
+        "decode steps between scheduled weight switches",
         ge=1,
         le=MAX_INT,
         when={**ASYNC, "deterministic": True, "partial_rollouts": "interrupt"},
     )
     worker_timeout: float = option(
         30.0,
-        "async: seconds a rollout worker may go without a heartbeat before it counts as hung",
+        "seconds a rollout worker may go without a heartbeat before it counts as hung",
         gt=0,
         when=ASYNC,
     )
     staleness_drop: bool = option(
         True,
-        "async: drop episodes older than max_staleness when the trainer takes them (false: the throttle alone)",
+        "drop episodes older than max_staleness when the trainer takes them (false: the throttle alone)",
         when=ASYNC,
     )
     slots: int = option(
