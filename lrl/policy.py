@@ -107,10 +107,13 @@ def check_weights(model) -> None:
 
 @torch.no_grad()
 def check_causal(model) -> None:
-    """Raise ValueError when the model's logits at a position depend on later tokens (not a causal LM).
+    """Raise ValueError when the model's logits on a probe are not finite, or when its logits at a position
+    depend on later tokens (not a causal LM).
 
     A bidirectional encoder loaded under a causal-LM head (BERT with is_decoder false) would train and exit 0
-    while every log-prob looks at the future; changing the last token must leave earlier logits unchanged.
+    while every log-prob looks at the future; changing the last token must leave earlier logits unchanged, up
+    to float rounding at the logits' own scale. Logits that overflow (weights scaled far beyond any trained
+    model's) are reported as such first: inf - inf is NaN, which would otherwise look like a dependence.
     """
     vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 0
     if vocab < 4:
@@ -121,7 +124,14 @@ def check_causal(model) -> None:
     a, b = (
         model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0, :-1].float() for x in (ids, changed)
     )
-    if not torch.allclose(a, b, atol=1e-4, rtol=1e-4):
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        largest = max(p.detach().abs().max().item() for p in model.parameters())
+        raise ValueError(
+            f"its logits on a probe input are not finite (inf or NaN): the weights are too large for "
+            f"{next(model.parameters()).dtype} arithmetic (the largest |weight| is {largest:.3g})"
+        )
+    scale = a.abs().max().item()  # rounding of the attention and MLP sums grows with the logits' magnitude
+    if not torch.allclose(a, b, atol=1e-4 * max(1.0, scale), rtol=1e-4):
         raise ValueError(
             "it is not a causal LM: its logits at a position depend on later tokens "
             f"({type(model).__name__}; for BERT-like encoders set is_decoder, or use a decoder)"

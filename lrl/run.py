@@ -87,6 +87,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     from lrl.envs import make_env
     from lrl.module import OffPolicyModule
     from lrl.policy import DEFAULT_SIZE, check_vocabulary, make_policy
+    from lrl.preflight import check_model, check_tokenizer
     from lrl.runs import check_paths, clean_stale_temporaries, open_run
     from samplers import make_sampler
 
@@ -94,10 +95,12 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     torch.manual_seed(cfg.seed)
     check_paths(cfg)
     spec = make_env(cfg, run_tokenizer(cfg))
+    check_tokenizer(cfg, spec)
     check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"])
     loaded = policy if policy is not None else load_model(cfg, spec.tok)
     if loaded is None:
         loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=cfg.seed)
+    check_model(cfg, spec, loaded)
     try:
         check_vocabulary(loaded, spec.tok)
     except ValueError as err:

@@ -115,7 +115,7 @@ def load_tokenizer(path: str | Path):
     try:
         hf = AutoTokenizer.from_pretrained(path, use_fast=True)
     except Exception as err:  # transformers raises several types for a directory it cannot read
-        raise ValueError(f"tokenizer: {str(path)!r} cannot be loaded ({type(err).__name__}: {err})") from None
+        raise ValueError(f"{str(path)!r} cannot be loaded ({type(err).__name__}: {err})") from None
     if not getattr(hf, "is_fast", False):
-        raise ValueError(f"tokenizer: {str(path)!r} is not a fast tokenizer")
+        raise ValueError(f"{str(path)!r} is not a fast tokenizer")
     return HFTokenizer(hf)

@@ -54,6 +54,7 @@ class EnvSpec:
     warm_start: Callable[[], torch.nn.Module] | None = None  # the env's RL base policy, if it has one
     eval_decode: str = "trainer"  # held-out evaluation decodes "trainer"-style, or with a "kvcache"
     max_episode_tokens: int | None = None  # an upper bound on an episode's length, for the memory estimate
+    actions: tuple[str, ...] = ()  # examples of well-formed actions: the run's tokenizer must spell them
 
 
 class FailureInjection:

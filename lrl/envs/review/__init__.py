@@ -33,7 +33,14 @@ def review_spec(tok=None, max_turns: int = 14) -> EnvSpec:
         warm_start=lambda: make_review_base(tok, verbose=True),
         eval_decode="kvcache",
         max_episode_tokens=longest_episode(tok, max_turns),
+        actions=example_actions(),
     )
+
+
+def example_actions() -> tuple[str, ...]:
+    """Well-formed actions: a full page of verdicts of each kind, and one of each on a one-line page."""
+    full = range(1, PAGE + 1)
+    return ("1 ok", "1 bad", " ".join(f"{k} ok" for k in full), " ".join(f"{k} bad" for k in full))
 
 
 def longest_episode(tok, max_turns: int) -> int:

@@ -40,7 +40,7 @@ def tinyagent_spec(tok=None, max_turns: int = 3) -> EnvSpec:
     from lrl.envs.tinyagent.base import make_rl_base
 
     tok = tok if tok is not None else build_tokenizer(make_tasks("all"))
-    actions = ["read", *(f"answer {k}" for k in range(1, N_LINES + 1))]
+    actions = ("read", *(f"answer {k}" for k in range(1, N_LINES + 1)))
     budget = max(len(tok.encode(a)) for a in actions) + 1  # + eos
     tasks = make_tasks("all")
     longest = max(len(tok.prompt(t.prompt)) for t in tasks) + max_turns * (
@@ -56,6 +56,7 @@ def tinyagent_spec(tok=None, max_turns: int = 3) -> EnvSpec:
         metrics=("reads",),
         warm_start=lambda: make_rl_base(tok, verbose=True),
         max_episode_tokens=longest,
+        actions=actions,
     )
 
 
