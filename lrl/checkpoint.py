@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import signal
 import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -239,16 +241,46 @@ def robustness_callbacks(cfg: Config, checkpoints: Path | None, run: str | None 
     return out
 
 
+def unreadable_reason(path: str, err: Exception) -> str:
+    """Why torch could not load `path`, in a few words of lrl's own (torch's text advises loading the file
+    with weights_only=False, i.e. running whatever code it holds: never repeat that advice)."""
+    if isinstance(err, pickle.UnpicklingError):
+        if zipfile.is_zipfile(path):
+            return "it holds objects other than tensors and plain data (it was not written by lrl)"
+        return "it is not a torch checkpoint file (random or foreign bytes)"
+    if isinstance(err, EOFError):
+        return "the file is empty or cut short"
+    if isinstance(err, OSError):
+        return err.strerror or type(err).__name__
+    if isinstance(err, RuntimeError) and "zip" in str(err).lower():
+        return "its archive is damaged or cut short (a partial copy?)"
+    first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    if not first or "weights_only" in first:
+        return f"torch cannot load it ({type(err).__name__})"
+    return f"{type(err).__name__}: {first}"
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint's contents (tensors and plain data only); ConfigError naming the file and why not."""
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols of foreign files
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a file that is not a checkpoint
+        reason = unreadable_reason(str(path), err)
+        raise ConfigError(f"resume: {str(path)!r} cannot be read as an lrl checkpoint: {reason}") from None
+    if not isinstance(ckpt, dict):
+        raise ConfigError(
+            f"resume: {str(path)!r} cannot be read as an lrl checkpoint: it holds a {type(ckpt).__name__}"
+        )
+    return ckpt
+
+
 def check_resume(path: str, cfg: Config) -> None:
     """Refuse, before anything is trained, a checkpoint that is unreadable or was written by another setup."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for a file that is not a checkpoint
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise ConfigError(
-            f"resume: {path!r} is not a readable checkpoint ({type(err).__name__}: {first})"
-        ) from None
-    saved = ckpt.get("lrl", {}).get("config") if isinstance(ckpt, dict) else None
+    ckpt = load_checkpoint(path)
+    state = ckpt.get("lrl")
+    saved = state.get("config") if isinstance(state, dict) else None
     if saved is None:
         raise ConfigError(f"resume: {path!r} was not written by lrl's trainer (no 'lrl' state in it)")
     now = cfg.to_dict()
