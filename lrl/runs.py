@@ -7,13 +7,16 @@ other or at the same time, never share a file. ``--resume last`` continues the n
 or a checkpoint file. A resumed run writes into its own folder again, and TensorBoard drops the points the
 killed run wrote after its checkpoint, so the curve is one line without overlapping steps.
 
-Nothing a user points lrl at is replaced: the history file is appended to, a path that is a directory where a
-file is wanted (or the reverse), a device, a pipe, or a link to one, is refused before the run starts.
+Nothing a user points lrl at is replaced: the history file is appended to (and must be an lrl history when it
+already holds something), a path that is a directory where a file is wanted (or the reverse), a device, a pipe,
+or a link to one, is refused before the run starts. A ``--checkpoint-dir`` is locked for the life of the run
+like a run folder, so a second run cannot write into it at the same time.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import stat
 from dataclasses import dataclass
@@ -22,6 +25,9 @@ from pathlib import Path
 from lrl.config import Config, ConfigError
 
 VIRTUAL = ("/proc", "/sys", "/dev")  # kernel file systems: nothing of a run belongs there
+HISTORY_PREFIX = (
+    64 * 2**10
+)  # bytes of an existing history file that are checked: a huge file is not read whole
 RUN_DIR_ENV = "LRL_RUN_DIR"  # rank 0's run folder, for the other ranks of a data-parallel run
 
 
@@ -35,15 +41,19 @@ class RunFolder:
     step: int = 0  # the step it resumes at (0 for a fresh run)
     note: str = ""  # what happened to --resume, for the console
     _lock: int | None = None
+    _checkpoint_dir_lock: int | None = None  # held on --checkpoint-dir when the run has one
 
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
     def release(self) -> None:
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
+        """Let go of the run folder's lock and the checkpoint folder's (the run has ended)."""
+        for name in ("_lock", "_checkpoint_dir_lock"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
 
 
 # -- paths a user gives -----------------------------------------------------------------------------
@@ -114,11 +124,13 @@ def check_paths(cfg: Config) -> None:
     problems = check_output("log_dir", cfg.log_dir, "dir") + check_output(
         "checkpoint_dir", cfg.checkpoint_dir, "dir"
     )
-    problems += check_output("history_file", cfg.history_file, "file")
+    problems += check_output("history_file", cfg.history_file, "file") or check_history(cfg.history_file)
     if cfg.resume not in (None, "last"):
         problems += check_input("resume", cfg.resume, "any")
     for name in ("model", "tokenizer"):
         problems += check_input(name, getattr(cfg, name), "dir")
+    if cfg.checkpoint_dir is not None and not _another_rank() and _in_use(Path(cfg.checkpoint_dir)):
+        problems.append(_in_use_message(cfg.checkpoint_dir))
     if cfg.checkpoint_dir is not None and not cfg.overwrite and cfg.resume is None:
         existing = Path(cfg.checkpoint_dir) / "last.ckpt"
         if existing.exists():
@@ -130,15 +142,94 @@ def check_paths(cfg: Config) -> None:
         raise ConfigError("; ".join(problems))
 
 
+def check_history(value: str | None) -> list[str]:
+    """Problems of an existing history file: one that holds anything must be an lrl history (every line a JSON
+    object with a "step"), so that a user's own file is never appended to by mistake. Only the first
+    HISTORY_PREFIX bytes are read; a last line without its newline (a kill in the middle of a write, or the
+    end of the prefix) is not judged when complete lines come before it."""
+    if value is None or _kind(Path(value)) != "file":
+        return []
+    try:
+        with open(value, "rb") as f:
+            head = f.read(HISTORY_PREFIX)
+    except OSError as err:
+        return [f"history_file: {value!r} cannot be read ({err.strerror})"]
+    lines = head.split(b"\n")
+    if len(lines) > 1 and not head.endswith(b"\n"):
+        lines = lines[:-1]
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:  # not JSON, or not UTF-8
+            record = None
+        if not (isinstance(record, dict) and "step" in record):
+            return [
+                f"history_file: {value!r} is not an lrl history (line {number} is not a JSON object with a "
+                '"step" key); lrl appends to a history file and leaves any other file alone: give a new '
+                "path or an existing history"
+            ]
+    return []
+
+
 # -- the run folder ---------------------------------------------------------------------------------
-def _lock(folder: Path) -> int | None:
-    """Hold <folder>/.lock for the life of this process; None when another live process holds it."""
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+def _lock(folder: Path, create: bool = True) -> int | None:
+    """Hold <folder>/.lock for the life of this process; None when another live process holds it (or, with
+    ``create`` false, when there is no lock file at all)."""
+    try:
+        fd = os.open(folder / ".lock", os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return None
+    return fd
+
+
+def _in_use(folder: Path) -> bool:
+    """Whether a live process holds <folder>/.lock now (the lock is tried, then let go at once)."""
+    if not (folder / ".lock").is_file():
+        return False
+    try:
+        fd = _lock(folder, create=False)
+    except OSError:  # a lock file this user cannot open: whether it is held cannot be told
+        return False
+    if fd is not None:
+        os.close(fd)
+    return fd is None
+
+
+def _in_use_message(checkpoint_dir: str) -> str:
+    return (
+        f"checkpoint_dir: {checkpoint_dir!r} is in use by another run that is still going (its .lock is "
+        "held); give each run its own --checkpoint-dir, or wait for that run to end"
+    )
+
+
+def _another_rank() -> bool:
+    """This process is a second rank of rank 0's data-parallel run (it shares rank 0's folders and locks)."""
+    return bool(os.environ.get(RUN_DIR_ENV)) and os.environ.get("LOCAL_RANK", "0") != "0"
+
+
+def _hold_checkpoint_dir(cfg: Config) -> int | None:
+    """Lock --checkpoint-dir for the life of the run (None without one); ConfigError when a live run has it."""
+    if cfg.checkpoint_dir is None:
+        return None
+    folder = Path(cfg.checkpoint_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = _lock(folder)
+    except OSError as err:
+        raise ConfigError(
+            f"checkpoint_dir: {cfg.checkpoint_dir!r} cannot be locked ({err.strerror})"
+        ) from None
+    if fd is None:
+        raise ConfigError(_in_use_message(cfg.checkpoint_dir))
     return fd
 
 
@@ -174,10 +265,11 @@ def new_folder(cfg: Config) -> RunFolder:
 
 def checkpoint_info(path: Path) -> tuple[int, Path | None]:
     """(the step a checkpoint was written at, the run folder that wrote it when it recorded one)."""
-    import torch
+    from lrl.checkpoint import load_checkpoint
 
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    run = ckpt.get("lrl", {}).get("run_dir")
+    ckpt = load_checkpoint(path)
+    state = ckpt.get("lrl")
+    run = state.get("run_dir") if isinstance(state, dict) else None
     return int(ckpt.get("global_step", 0)), Path(run) if run else None
 
 
@@ -195,20 +287,29 @@ def open_run(cfg: Config) -> RunFolder:
         return RunFolder(
             path, int(path.name[8:]), ckpt if resumed else None, checkpoint_step(ckpt) if resumed else 0
         )
-    folder = _resume_folder(cfg) if cfg.resume is not None else None
-    if folder is None:
-        folder = new_folder(cfg)
-        folder.note = f"started fresh in {folder.path}"
-        if cfg.resume == "last":
-            folder.note = (
-                f"resume last: no run of {Path(cfg.log_dir) / cfg.run_name} to continue; " + folder.note
+    held = _hold_checkpoint_dir(cfg)
+    folder = None
+    try:
+        folder = _resume_folder(cfg) if cfg.resume is not None else None
+        if folder is None:
+            folder = new_folder(cfg)
+            folder.note = f"started fresh in {folder.path}"
+            if cfg.resume == "last":
+                folder.note = (
+                    f"resume last: no run of {Path(cfg.log_dir) / cfg.run_name} to continue; " + folder.note
+                )
+        folder._checkpoint_dir_lock = held
+        if folder.checkpoint is not None and cfg.max_steps < folder.step:
+            raise ConfigError(
+                f"max_steps: {cfg.max_steps} is below the step of the checkpoint it resumes "
+                f"({folder.step}, {folder.checkpoint}); give --max-steps {folder.step} or more"
             )
-    if folder.checkpoint is not None and cfg.max_steps < folder.step:
-        folder.release()
-        raise ConfigError(
-            f"max_steps: {cfg.max_steps} is below the step of the checkpoint it resumes "
-            f"({folder.step}, {folder.checkpoint}); give --max-steps {folder.step} or more"
-        )
+    except BaseException:
+        if folder is not None:
+            folder.release()
+        if held is not None and (folder is None or folder._checkpoint_dir_lock is None):
+            os.close(held)
+        raise
     os.environ[RUN_DIR_ENV] = str(folder.path)
     return folder
 
@@ -218,23 +319,7 @@ def _resume_folder(cfg: Config) -> RunFolder | None:
     from lrl.checkpoint import check_resume
 
     if cfg.resume == "last":
-        candidates = [p / "checkpoints" / "last.ckpt" for _, p in _versions(Path(cfg.log_dir) / cfg.run_name)]
-        if cfg.checkpoint_dir is not None:
-            candidates.insert(0, Path(cfg.checkpoint_dir) / "last.ckpt")
-        skipped = []
-        for ckpt in [c for c in candidates if c.is_file()]:
-            try:
-                check_resume(str(ckpt), cfg)
-            except ConfigError as err:
-                skipped.append(str(err))
-                continue
-            folder = _claim(ckpt, cfg)
-            if folder is not None:
-                return folder
-            skipped.append(f"{ckpt}: in use by another run")
-        if skipped:
-            print(f"resume last: skipped {len(skipped)} checkpoint(s): " + "; ".join(skipped), flush=True)
-        return None
+        return _resume_last(cfg)
     path = Path(cfg.resume)
     ckpt = (
         path
@@ -253,6 +338,40 @@ def _resume_folder(cfg: Config) -> RunFolder | None:
             f"resume: {str(ckpt)!r} belongs to a run that is still going (its folder is locked)"
         )
     return folder
+
+
+def _resume_last(cfg: Config) -> RunFolder | None:
+    """The newest checkpoint of <log_dir>/<run_name> (--checkpoint-dir's first), locked; None when there is
+    none to continue. One that a live run holds is left to it; the newest of the others must be resumable:
+    one that cannot be read or was written with other settings is an error, never a silent fresh start."""
+    from lrl.checkpoint import check_resume
+
+    base = Path(cfg.log_dir) / cfg.run_name
+    candidates = [p / "checkpoints" / "last.ckpt" for _, p in _versions(base)]
+    if cfg.checkpoint_dir is not None:  # this run holds that folder's lock already (open_run)
+        candidates.insert(0, Path(cfg.checkpoint_dir) / "last.ckpt")
+    in_use = []
+    for ckpt in [c for c in candidates if c.is_file()]:
+        run = ckpt.parent.parent
+        if ckpt.parent.name == "checkpoints" and _in_use(run):
+            in_use.append(str(ckpt))
+            continue
+        try:
+            check_resume(str(ckpt), cfg)
+        except ConfigError as err:
+            raise ConfigError(
+                f"{err} (it is the newest checkpoint of {str(base)!r} that --resume last would continue; "
+                "resume another with --resume PATH, or leave out --resume to start fresh)"
+            ) from None
+        folder = _claim(ckpt, cfg)
+        if folder is not None:
+            return folder
+        in_use.append(str(ckpt))  # claimed by another run between the check and the lock
+    if in_use:
+        print(
+            f"resume last: left {len(in_use)} checkpoint(s) in use by a live run alone: {', '.join(in_use)}"
+        )
+    return None
 
 
 def _claim(ckpt: Path, cfg: Config) -> RunFolder | None:

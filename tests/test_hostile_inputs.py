@@ -7,12 +7,14 @@ misleading message); every refusal must come before the run trains, warm-starts 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import FAST, one_clear_line, train
+from helpers import FAST, ROOT, one_clear_line, train, wait_until
 
 from lrl.policy import make_policy, save_policy
 
@@ -61,6 +63,39 @@ def test_a_history_file_that_is_not_an_lrl_history_is_left_alone(tmp_path, model
         needles=("history_file", "not an lrl history"),
     )
     assert config.read_text() == "lr: 0.001\nmax_steps: 3\n"
+
+
+def test_a_checkpoint_dir_in_use_by_a_live_run_is_refused(tmp_path, model_dir):
+    shared = tmp_path / "ck"
+    history = tmp_path / "first.jsonl"
+    first = [*FAST, "--model", str(model_dir), "--checkpoint-dir", str(shared), "--checkpoint-every", "1"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            *first,
+            "--max-steps",
+            "100000",
+            "--history-file",
+            str(history),
+            "--log-dir",
+            str(tmp_path / "first"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: history.exists() and history.read_text().strip(), 120, "the first run's first step"
+        )
+        refused(*first, "--log-dir", str(tmp_path / "runs"), needles=("checkpoint_dir", "in use"))
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    # the lock goes with the process that held it: the folder can be used again at once
+    again = train(*first, "--log-dir", str(tmp_path / "runs"), "--max-steps", "1", "--overwrite")
+    assert again.returncode == 0, again.stderr[-2000:]
 
 
 # -- plugins --------------------------------------------------------------------------------------------

@@ -144,7 +144,9 @@ def test_resume_refuses_other_settings_and_bad_files(tmp_path, tok, format_polic
     with pytest.raises(ConfigError, match=r"lr: 0.001 -> 0.002"):
         build_run(quick_cfg(**cfg, resume=last, lr=2e-3), logger=False, policy=format_policy)
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ConfigError, match="not a readable checkpoint"):
+    with pytest.raises(
+        ConfigError, match="cannot be read as an lrl checkpoint: it is not a torch checkpoint"
+    ):
         build_run(quick_cfg(**cfg, resume=str(tmp_path / "junk.ckpt")), logger=False, policy=format_policy)
     with pytest.raises(ConfigError, match="does not exist"):
         quick_cfg(resume=str(tmp_path / "missing.ckpt"))

@@ -99,17 +99,27 @@ def model_dir(tmp_path_factory, tok, format_policy):
 
 # -- 1. the history file is appended to, never replaced ---------------------------------------------------
 def test_history_file_keeps_its_content(tmp_path, model_dir):
-    notes = tmp_path / "notes.txt"
-    notes.write_text("keep\n")
-    link = tmp_path / "link.txt"
-    link.symlink_to(notes)
+    earlier = '{"step": 0, "run": "an earlier run"}\n'
+    history = tmp_path / "history.jsonl"
+    history.write_text(earlier)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(history)
     out = train(
         *FAST, "--model", str(model_dir), "--log-dir", str(tmp_path / "runs"), "--history-file", str(link)
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    text = notes.read_text()
-    assert text.startswith("keep\n") and len(text.splitlines()) == 3  # the note, then one line per step
+    text = history.read_text()
+    assert text.startswith(earlier) and len(text.splitlines()) == 3  # the earlier line, then one per step
     assert link.is_symlink() and [h["step"] for h in read_history(link)] == [0, 1]
+    notes = (
+        tmp_path / "notes.txt"
+    )  # a file that is not a history is left alone (tests/test_hostile_inputs.py)
+    notes.write_text("keep\n")
+    out = train(
+        *FAST, "--model", str(model_dir), "--log-dir", str(tmp_path / "runs"), "--history-file", str(notes)
+    )
+    one_clear_line(out, 2, "history_file", "not an lrl history")
+    assert notes.read_text() == "keep\n"
 
 
 # -- 2. runs in one log dir own their files; concurrent runs too; both resume ------------------------------
@@ -124,7 +134,10 @@ def test_two_runs_in_one_log_dir_keep_separate_files_and_both_resume(tmp_path, m
     for v in versions:
         assert (tmp_path / "runs" / "lrl" / v / "checkpoints" / "last.ckpt").is_file()
         assert list((tmp_path / "runs" / "lrl" / v).glob("events.out.tfevents.*"))
-    resumed = train(*a, "--max-steps", "6", "--resume", "last")  # A's settings: B's newer run is skipped
+    # the newest run (B's) was written with other settings: --resume last with A's is an error, not a skip
+    refused = train(*a, "--max-steps", "6", "--resume", "last")
+    one_clear_line(refused, 2, f"{logs}/lrl/version_1/checkpoints/last.ckpt", "other settings", "sampler")
+    resumed = train(*a, "--max-steps", "6", "--resume", f"{logs}/lrl/version_0")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from step 4 of {logs}/lrl/version_0/checkpoints/last.ckpt" in resumed.stdout
     resumed_b = train(*b, "--max-steps", "3", "--resume", "last")
