@@ -63,7 +63,7 @@ class JumpMonitor(L.Callback):
         """The warning's text: the value, and its ratio to the recent median (no ratio to a median of 0)."""
         over = f"over the previous {len(self.recent.get(key, ()))} steps"
         if level < ZERO_LEVEL:  # a ratio to 0 is a meaningless huge number
-            jumped = f"jumped to {value:.4g} from a median of 0 {over}"
+            jumped = f"jumped to {value:.4g} from its median 0 {over}"
         else:
             jumped = f"jumped to {value:.4g}, {value / level:.1f}x its median {level:.4g} {over}"
         return (
