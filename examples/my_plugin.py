@@ -1,4 +1,4 @@
-"""A user's own sampler, correction, environment and metric, outside lrl: ``--plugins my_plugin``.
+"""A user's own samplers, correction, environment and metric, outside lrl: ``--plugins my_plugin``.
 
 Each registers itself with lrl when this module is imported; docs/extending.md explains them one by one.
 """
@@ -27,6 +27,22 @@ from lrl.warmstart import fit_demonstrations
 def lagged_topk(cfg, tok):
     """the weights `lag` updates old, sampled among the top_k most likely tokens (trainer-style decoding)"""
     return samplers.BehaviorSampler(tok, cfg.lag, sampling=Sampling(cfg.temperature, top_k=cfg.top_k or 5))
+
+
+# -- a wrapped built-in sampler: the on-policy one, counting its weight syncs ----------------------------
+@samplers.register("onpolicy_counted", uses=samplers.SAMPLERS["onpolicy"].uses)
+def onpolicy_counted(cfg, tok):
+    """the built-in on-policy sampler, counting the weight syncs it receives in `syncs`"""
+    sampler = samplers.SAMPLERS["onpolicy"].factory(cfg, tok)
+    sampler.syncs = 0
+    sync = sampler.sync
+
+    def counted_sync(policy, version):
+        sampler.syncs += 1
+        sync(policy, version)
+
+    sampler.sync = counted_sync
+    return sampler
 
 
 # -- a correction: truncate the ratio on both sides, into [1/cap, cap] -------------------------------------

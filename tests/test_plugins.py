@@ -56,6 +56,17 @@ def test_plugin_sampler_correction_env_and_metric_train_together(in_examples, tm
     assert any(not torch.equal(a, b) for a, b in zip(before, run.policy.parameters()))
 
 
+def test_a_wrapped_built_in_sampler_trains_like_the_built_in(in_examples, tmp_path):
+    flags = ["--max-steps", "2", "--tasks-per-step", "2", "--episodes-per-task", "4", "--eval-episodes", "1"]
+    cfg = parse_args(
+        ["--plugins", "my_plugin", "--sampler", "onpolicy_counted", *flags, "--progress", "false"]
+    )
+    run = build_run(cfg, logger=False)
+    fit(run)
+    assert run.sampler.name == "onpolicy_counted" and run.sampler.syncs >= 2  # one sync after each update
+    assert all(h["staleness/token_mean"] == 0.0 for h in run.module.history)  # still on-policy
+
+
 def test_train_py_runs_the_plugin_yaml(tmp_path):
     out = subprocess.run(
         [
@@ -146,6 +157,6 @@ def test_the_extending_doc_shows_the_code_the_tests_run():
 
     source = (EXAMPLES / "my_plugin.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(), re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 5  # a sampler, a wrapped built-in sampler, a correction, an environment, a metric
     for block in blocks:
         assert block.strip() in source, block[:80]
