@@ -20,20 +20,23 @@ import time
 
 import torch
 
+from lrl.batch import pad_right
 from lrl.envs.tinyagent import build_tokenizer, make_tasks
-from lrl.mismatch import gym_prompts, ragged
+from lrl.kvcache import engine_generate
 from lrl.policy import make_policy
-from lrl.rollout import trainer_style_decoder
-from samplers.engine import engine_generate
+from lrl.tools.mismatch import gym_prompts, ragged
 
 
 def recompute_generate(model, prompts, new_tokens, generator, pad_id):
-    """Sample by re-running the whole sequence each step -> ids [B, n], log-probs [B, n]."""
-    decode = trainer_style_decoder(model, pad_id)
+    """Sample by re-running every whole (right-padded) sequence at each step, as the trainer-style decoder
+    does -> ids [B, n], log-probs [B, n]."""
     seqs = [list(p) for p in prompts]
+    rows = torch.arange(len(seqs))
     ids, logps = [], []
     for _ in range(new_tokens):
-        logp = decode(seqs)  # [B, V]
+        batch, mask = pad_right(seqs, pad_id)  # [B, T]
+        logits = model(input_ids=batch, attention_mask=mask).logits  # [B, T, V]
+        logp = torch.log_softmax(logits[rows, mask.sum(-1) - 1].float(), dim=-1)  # [B, V]
         token = torch.multinomial(logp.exp(), 1, generator=generator)  # [B, 1]
         ids.append(token.squeeze(1))
         logps.append(logp.gather(1, token).squeeze(1))
