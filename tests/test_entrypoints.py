@@ -1,0 +1,140 @@
+"""Every bench script and every ``python -m`` entry point starts: ``--help`` prints its usage and exits 0
+without doing any work, and the cheap ones also run a tiny real configuration.
+
+Both lists are discovered from the tree (``bench/*.py``; every module under ``lrl/`` with a main block, and
+every package ``__main__``), so a new script or entry point is covered without editing this file, and a move
+that breaks one's imports fails here. The commands run a few at a time, each in an empty folder that must
+stay empty under ``--help``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN_BLOCK = re.compile(r"""^if __name__ == ["']__main__["']:""", re.M)
+
+# a few seconds each; {events} is a folder of TensorBoard scalars made for the test
+TINY = {
+    "bench/bench_callbacks.py": ["--steps", "1", "--rounds", "1", "--warmup", "0"],
+    "bench/bench_engine.py": ["--prompts", "4", "--new-tokens", "4", "--repeats", "1"],
+    "bench/bench_simulate.py": ["--slots", "8", "--steps", "2", "--n-durations", "1024"],
+    "lrl.sim": ["--single", "--n-durations", "512", "--slots", "4", "--batch-size", "4", "--steps", "2"],
+    "lrl.experiments.estimators": ["--sigmas", "0.5", "--reps", "20", "--samples", "8", "--vocab", "10"],
+    "lrl.tools.mismatch": ["--new-tokens", "2", "--trainer-batch", "0"],
+    "lrl.tools.plot_run": ["{events}", "--out", "{events}/curves.png"],
+}
+# --help only: the same main as an entry run tiny above, or too long to run tiny
+HELP_ONLY = {
+    "lrl.sim.cli": "the main of lrl.sim",
+    "lrl.simulate": "the main of lrl.sim, under its former name",
+    "lrl.mismatch": "the main of lrl.tools.mismatch, under its former name",
+    "bench/bench_first_run.py": "three first runs of train.py with an empty cache",
+    "bench/bench_pipeline.py": "repeated sync and async training runs",
+    "lrl.experiments.pipeline": "training runs per staleness bound and repeat",
+    "lrl.experiments.seeds": "the default run over seeds",
+    "lrl.experiments.staleness": "a grid of training runs over seeds",
+    "lrl.tools.ship_bases": "rebuilds the shipped warm starts",
+}
+
+
+def entry_modules() -> list[str]:
+    """Modules under lrl/ that `python -m` runs: a package's __main__, or a module with a main block."""
+    found = []
+    for path in sorted((ROOT / "lrl").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if path.name in ("__main__.py", "__init__.py"):
+            if path.name == "__main__.py" or MAIN_BLOCK.search(path.read_text()):
+                found.append(".".join(parts[:-1]))
+        elif MAIN_BLOCK.search(path.read_text()):
+            found.append(".".join(parts))
+    return found
+
+
+ENTRIES = {
+    **{f"bench/{p.name}": [str(p)] for p in sorted((ROOT / "bench").glob("*.py"))},
+    **{m: ["-m", m] for m in entry_modules()},
+}
+
+
+def environment() -> dict[str, str]:
+    """This checkout first on the path (a bench script's own folder would come first otherwise)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg"}
+
+
+def run_all(commands: dict[str, tuple[list[str], Path]], timeout: float) -> dict:
+    """Run each (argv, cwd), a few at a time -> name: CompletedProcess."""
+
+    def one(item):
+        name, (argv, cwd) = item
+        done = subprocess.run(
+            [sys.executable, *argv],
+            cwd=cwd,
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return name, done
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(one, commands.items()))
+
+
+@pytest.fixture(scope="module")
+def helped(tmp_path_factory):
+    folders = {name: tmp_path_factory.mktemp("help") for name in ENTRIES}
+    outs = run_all({name: ([*argv, "--help"], folders[name]) for name, argv in ENTRIES.items()}, 120)
+    return {name: (outs[name], folders[name]) for name in ENTRIES}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    events = tmp_path_factory.mktemp("events")
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(events)) as writer:
+        for step in range(3):
+            for tag in ("train/reward", "val/pass_rate", "train/reads", "train/invalid"):
+                writer.add_scalar(tag, step / 3, step)
+    commands = {
+        name: ([*ENTRIES[name], *(a.format(events=events) for a in args)], tmp_path_factory.mktemp("tiny"))
+        for name, args in TINY.items()
+        if name in ENTRIES
+    }
+    return run_all(commands, 180), events
+
+
+def test_the_entry_points_are_found():
+    assert {"lrl.sim", "lrl.tools.mismatch", "lrl.experiments.seeds", "bench/bench_engine.py"} <= set(ENTRIES)
+    listed = set(TINY) | set(HELP_ONLY)
+    assert listed <= set(ENTRIES), f"listed here but gone from the tree: {sorted(listed - set(ENTRIES))}"
+    assert not set(TINY) & set(HELP_ONLY)
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_help_prints_the_usage_and_does_no_work(helped, name):
+    out, folder = helped[name]
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage:" in out.stdout.lower(), out.stdout[-1000:]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert not any(folder.iterdir()), f"--help wrote {sorted(p.name for p in folder.iterdir())}"
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_a_tiny_configuration_runs(tiny, name):
+    outs, events = tiny
+    out = outs[name]
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() or name == "lrl.tools.plot_run", "printed nothing"
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    if name == "lrl.tools.plot_run":
+        assert (events / "curves.png").stat().st_size > 0
