@@ -111,6 +111,7 @@ def echo(cfg, tok=None) -> EnvSpec:
         max_action_tokens=2,
         metrics=("said_a_word",),
         warm_start=lambda: echo_base(tok),
+        actions=WORDS,
     )
 
 
