@@ -1,14 +1,17 @@
 """How tokens are decoded: the Decoder protocol, the trainer-style decoder, and the sampling distribution.
 
-A decoder turns token sequences into next-token logits, one batch at a time:
+A decoder turns token sequences into next-token logits for the episodes in flight, one batched forward per
+call. Episodes are named by a key; the decoder remembers what it has seen of each:
 
-- ``prefill(keys, seqs)``: start a turn for the episodes ``keys`` whose token ids so far are ``seqs``;
-  returns the logits of the next token, ``[b, V]``;
-- ``step(tokens)``: append one token per row (``[b]``) and return the next logits ``[b, V]``;
-- ``keep(rows)``: only these rows (positions in the current batch) continue; the others finished their action.
+- ``decode(rows)``: ``rows`` is a list of ``(key, new_tokens)``; append each row's new tokens to what the decoder
+  holds for that key (a new key starts empty) and return the logits of every row's next token, ``[b, V]``, in
+  the order of ``rows``. One call may mix a new episode's prompt, an observation after a tool call and single
+  decode tokens: that is continuous batching;
+- ``release(keys)``: these episodes left (finished); forget them;
+- ``reset()``: forget everything (the weights changed); every later row must bring its whole sequence.
 
 The trainer-style decoder is the simplest implementation: every call is one full forward over the
-right-padded sequences, exactly the computation the trainer repeats when it scores the batch. The
+right-padded sequences of its rows, exactly the computation the trainer repeats when it scores the batch. The
 engine-style decoder (``lrl.kvcache``) keeps a KV cache and decodes one position per step.
 """
 
@@ -24,11 +27,11 @@ from lrl.batch import pad_right
 
 
 class Decoder(Protocol):
-    def prefill(self, keys: Sequence[int], seqs: Sequence[Sequence[int]]) -> torch.Tensor: ...
+    def decode(self, rows: Sequence[tuple[int, Sequence[int]]]) -> torch.Tensor: ...
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+    def release(self, keys: Sequence[int]) -> None: ...
 
-    def keep(self, rows: Sequence[int]) -> None: ...
+    def reset(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -77,33 +80,33 @@ def sample_tokens(logp: torch.Tensor, generator: torch.Generator) -> tuple[torch
 
 
 class TrainerStyleDecoder:
-    """Re-runs the full right-padded sequences at every call: the trainer's own computation, no cache."""
+    """Re-runs the full right-padded sequences of a call's rows at every call: the trainer's own computation."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int):
         self.model = model
         self.pad_id = pad_id
-        self.seqs: list[list[int]] = []
+        self.seqs: dict[int, list[int]] = {}
         self.context = context_length(model)
 
-    def prefill(self, keys: Sequence[int], seqs: Sequence[Sequence[int]]) -> torch.Tensor:
-        self.seqs = [list(s) for s in seqs]
-        return self._forward()
+    def decode(self, rows: Sequence[tuple[int, Sequence[int]]]) -> torch.Tensor:
+        for key, tokens in rows:
+            self.seqs.setdefault(key, []).extend(tokens)
+        return self._forward([self.seqs[key] for key, _ in rows])
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        for seq, token in zip(self.seqs, tokens.tolist()):
-            seq.append(token)
-        return self._forward()
+    def release(self, keys: Sequence[int]) -> None:
+        for key in keys:
+            self.seqs.pop(key, None)
 
-    def keep(self, rows: Sequence[int]) -> None:
-        self.seqs = [self.seqs[j] for j in rows]
+    def reset(self) -> None:
+        self.seqs = {}
 
     @torch.no_grad()
-    def _forward(self) -> torch.Tensor:
-        ids, mask = pad_right(self.seqs, self.pad_id)
+    def _forward(self, seqs: list[list[int]]) -> torch.Tensor:
+        ids, mask = pad_right(seqs, self.pad_id)
         device = next(self.model.parameters()).device
         logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [B, T, V]
         last = (mask.sum(-1) - 1).to(device)  # [B]
-        return logits[torch.arange(len(self.seqs), device=device), last]  # [B, V]
+        return logits[torch.arange(len(seqs), device=device), last]  # [B, V]
 
 
 def context_length(model) -> int | None:

@@ -168,7 +168,13 @@ def _left_pad(x: torch.Tensor | None, width: int) -> torch.Tensor | None:
 
 
 class KVCacheDecoder:
-    """The Decoder protocol on a KVBatch: prefill only what each episode's kept cache has not seen."""
+    """The Decoder protocol on a KVBatch: each call feeds every row only what its cache has not seen.
+
+    While the rows of consecutive calls are the same episodes, each bringing one token, a call is one decode
+    step on the batch as it is (rows that left are exported first). Any other call (an episode joins, one
+    comes back from its tool with an observation) builds a new batch from the rows' kept caches, left-padded
+    to one width, and prefills the unseen tokens of every row in one forward.
+    """
 
     def __init__(self, model, pad_id: int, reuse_cache: bool = True):
         cache_argument(model)
@@ -176,34 +182,66 @@ class KVCacheDecoder:
         self.pad_id = pad_id
         self.reuse_cache = reuse_cache
         self.context = context_length(model)
-        self.kept: dict[int, RowCache] = {}  # episode key -> its cache at the end of its last action
-        self.keys: list[int] = []
+        self.seqs: dict[int, list[int]] = {}  # episode key -> every token fed for it
+        self.kept: dict[int, RowCache] = {}  # episode key -> its cache when it last left the batch
+        self.keys: list[int] = []  # the rows of the current batch
         self.batch: KVBatch | None = None
 
-    def prefill(self, keys: Sequence[int], seqs: Sequence[Sequence[int]]) -> torch.Tensor:
-        self.kept = {k: self.kept[k] for k in keys if k in self.kept}  # episodes that ended leave
-        rows = [self.kept.pop(k, None) if self.reuse_cache else None for k in keys]
-        self.batch = KVBatch(self.model, self.pad_id, rows)
-        self.keys = list(keys)
-        seen = [r.length if r is not None else 0 for r in rows]
-        return self.batch.feed([list(s)[n:] for s, n in zip(seqs, seen)])  # prefill what is new
+    def decode(self, rows: Sequence[tuple[int, Sequence[int]]]) -> torch.Tensor:
+        keys = [key for key, _ in rows]
+        for key, tokens in rows:
+            self.seqs.setdefault(key, []).extend(tokens)
+        if self.batch is not None and self._one_token_each(rows) and self._in_batch_order(keys):
+            self._leave([j for j, k in enumerate(self.keys) if k not in set(keys)], keys)
+            tokens = torch.tensor([[tokens[0]] for _, tokens in rows])  # [b, 1]
+            return self.batch.feed(tokens)  # one decode step
+        self._leave(list(range(len(self.keys))), [])
+        cached = [self.kept.pop(key, None) if self.reuse_cache else None for key in keys]
+        self.batch = KVBatch(self.model, self.pad_id, cached)
+        self.keys = keys
+        seen = [r.length if r is not None else 0 for r in cached]
+        return self.batch.feed([self.seqs[key][n:] for key, n in zip(keys, seen)])  # prefill what is new
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.batch.feed(tokens[:, None])  # one decode step
+    def release(self, keys: Sequence[int]) -> None:
+        for key in keys:
+            self.seqs.pop(key, None)
+            self.kept.pop(key, None)
+        if self.batch is not None and any(k in self.keys for k in keys):
+            gone = set(keys)
+            self.batch.keep([j for j, k in enumerate(self.keys) if k not in gone])
+            self.keys = [k for k in self.keys if k not in gone]
 
     def reset(self) -> None:
-        """Forget every cache (the weights changed): the next prefill starts from the sequences themselves."""
+        """Forget every cache (the weights changed): the next call starts from the sequences themselves."""
+        self.seqs = {}
         self.kept = {}
         self.batch = None
         self.keys = []
 
-    def keep(self, rows: Sequence[int]) -> None:
+    def _one_token_each(self, rows) -> bool:
+        return all(len(tokens) == 1 for _, tokens in rows)
+
+    def _in_batch_order(self, keys: list[int]) -> bool:
+        """`keys` are rows of the current batch, in its order (some may have left)."""
+        position = {k: j for j, k in enumerate(self.keys)}
+        if not keys or any(k not in position for k in keys):
+            return False
+        order = [position[k] for k in keys]
+        return order == sorted(order)
+
+    def _leave(self, rows: list[int], stay: list[int]) -> None:
+        """Rows `rows` of the current batch leave it (their caches are kept); the batch keeps `stay` (keys)."""
+        if self.batch is None or not rows:
+            return
         if self.reuse_cache:
-            for j in set(range(len(self.keys))) - set(rows):  # finished its action: keep its cache
+            for j in rows:
                 self.kept[self.keys[j]] = self.batch.export(j)
-        self.keys = [self.keys[j] for j in rows]
-        if rows:
-            self.batch.keep(rows)
+        if stay:
+            position = {k: j for j, k in enumerate(self.keys)}
+            self.batch.keep([position[k] for k in stay])
+        else:
+            self.batch = None
+        self.keys = list(stay)
 
 
 # -- fixed-length generation (the mismatch tool and the benchmark) -------------------------------------

@@ -1,21 +1,37 @@
 """The episode loop: multi-turn rollouts of any environment with any decoder, and held-out evaluation.
 
-One loop serves every sampler: the decode path is a :class:`lrl.decoding.Decoder` (trainer-style full
-forwards, or an engine-style KV cache), the distribution a :class:`lrl.decoding.Sampling`, and the
-environment an :class:`lrl.envs.EnvSpec`. All episodes of a call advance in lockstep, one turn at a time:
-each active episode generates one action (up to the env spec's ``max_action_tokens``, ending at eos), then
-every environment answers it.
+One loop serves every sampler and both pipelines: the decode path is a :class:`lrl.decoding.Decoder`
+(trainer-style full forwards, or an engine-style KV cache), the distribution a :class:`lrl.decoding.Sampling`,
+the environment an :class:`lrl.envs.EnvSpec`, and the environment's steps run on a tool runner
+(:mod:`lrl.envs.workers`: at once, or on threads with a latency and a timeout).
+
+:class:`Rollout` holds the episodes in flight (its *slots*) and advances them one engine step at a time. An
+episode generates an action token by token (up to the env spec's ``max_action_tokens``, ending at eos), hands
+the action to its environment, and generates the next action once the answer is back. Every engine step
+decodes all the episodes that are generating in one batched forward. Two ways to schedule it:
+
+- **lockstep** (the synchronous stream's default, and ``--slots 0``): every episode generates its action of the
+  turn, then every environment answers, then the next turn begins for all: the batch advances as one;
+- **continuous** (``--slots N``): each episode moves on as soon as its own tool answers, so fast episodes do not
+  wait for slow ones and the engine decodes while tools run. New episodes may join at any step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from lrl.decoding import Decoder, Sampling, TrainerStyleDecoder, sample_tokens
+from lrl.envs.workers import InlineTools, RealClock
+
+GENERATING = "generating"  # decoding its current action
+READY = "ready"  # about to start an action (new, or its tool answered)
+BARRIER = "barrier"  # lockstep: its action is complete; tools run once every action of the turn is
+TOOL = "tool"  # its environment is answering its last action
 
 
 @dataclass
@@ -32,7 +48,14 @@ class Episode:
     truncated: bool = False
     done: bool = False
     env_failure: bool = False  # the worker failed: no score, no gradient (see lrl.batch.collate)
+    timed_out: bool = False  # the failure was a tool that did not answer within --tool-timeout
+    tool_error: str = ""  # the failure was a tool that raised: its exception
     metrics: dict[str, float] = field(default_factory=dict)  # the env's per-episode counts
+    actions: list[list[int]] = field(default_factory=list)  # every action handed to the env, in order
+    tag: Any = None  # the caller's name for it (an episode id, a position in a batch)
+    seconds: float = 0.0  # wall time from its start to its end
+    generating_seconds: float = 0.0  # of which decoding its actions
+    tool_seconds: float = 0.0  # of which waiting for its environment
 
     def __post_init__(self):
         n = len(self.ids)
@@ -47,6 +70,9 @@ class Episode:
         self.invalid |= bool(info.get("invalid", False))
         self.truncated |= bool(info.get("truncated", False))
         self.env_failure |= bool(info.get("env_failure", False))
+        self.timed_out |= bool(info.get("timeout", False))
+        if info.get("tool_error"):
+            self.tool_error = str(info.get("detail", "error"))
         for name, value in info.get("metrics", {}).items():
             self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
         self.done = result.done
@@ -62,140 +88,294 @@ class Episode:
     def action_tokens(self) -> int:
         return sum(self.generated)
 
+    def state(self) -> dict:
+        """The episode as plain data (lists, numbers, strings): what a checkpoint keeps; the task by its id."""
+        out = {k: v for k, v in vars(self).items() if k != "task"}
+        out["metrics"] = dict(self.metrics)
+        out["task_id"] = int(self.task.task_id)
+        return out
+
+    @classmethod
+    def from_state(cls, state: dict, task) -> Episode:
+        """The episode of :meth:`state`, on its task object."""
+        fields = {k: v for k, v in state.items() if k not in ("task_id", "generated", "logp", "version")}
+        episode = cls(task, list(state["ids"]))
+        for key, value in fields.items():
+            setattr(episode, key, value)
+        episode.generated = list(state["generated"])
+        episode.logp = list(state["logp"])
+        episode.version = list(state["version"])
+        return episode
+
 
 class ContextError(ValueError):
     """An episode grew longer than the model's context."""
 
 
-class Rollout:
-    """The episode loop as a state machine, advanced a token (or a turn of the environments) at a time.
+class ReplayError(RuntimeError):
+    """An environment replayed from its actions did not give the observations it gave the first time."""
 
-    The sync path runs it to the end (:func:`run_episodes`). An asynchronous worker advances it step by step:
-    it switches weights at a token boundary (:meth:`switch`), adds episodes between turns (:meth:`add`), takes
-    finished ones out (:meth:`take`) and hands its state over at a boundary (:meth:`state`). Episodes are kept by
-    a key (their order of arrival), which is also the decoder's key for their cached state.
+
+@dataclass
+class _Slot:
+    """One episode in flight, with its environment and where it is in its turn."""
+
+    episode: Episode
+    env: Any
+    phase: str = READY
+    action: list[int] = field(default_factory=list)  # the action being generated
+    fed: int = 0  # tokens of the episode the decoder has seen (0 after a weight switch)
+    started: float = 0.0  # wall clock (monotonic) at its start
+
+
+class Rollout:
+    """Episodes in flight on one decoder, advanced an engine step at a time (see the module docstring).
+
+    ``add`` starts episodes; ``advance`` runs one engine step and returns the episodes that finished in it;
+    ``switch`` loads new weights at this token boundary; ``state`` / ``restore`` hand everything in flight over
+    as plain data (environments are rebuilt by replaying their actions). Episodes are kept by a key (their order
+    of arrival), which is also the decoder's key for their cached state.
     """
 
     def __init__(
         self,
         decoder: Decoder,
         spec,
-        tasks: Sequence[Any],
-        generator: torch.Generator,
+        tasks: Sequence[Any] = (),
+        generator: torch.Generator | None = None,
         sampling: Sampling | None = None,
         version: int = 0,
+        *,
+        lockstep: bool = True,
+        tools=None,
+        clock=None,
     ):
-        self.decoder, self.spec, self.generator, self.version = decoder, spec, generator, version
-        self.stop, self.budget = spec.tok.eos_id, spec.max_action_tokens
+        self.decoder = decoder
+        self.spec = spec
+        self.generator = generator if generator is not None else torch.Generator()
         self.sampling = sampling or Sampling()
-        self.episodes: dict[int, Episode] = {}
-        self.envs: dict[int, Any] = {}
-        self.active: list[int] = []
-        self.generating: list[int] = []
-        self.actions: dict[int, list[int]] = {}
-        self.step = 0  # tokens of the current action generated so far
-        self.logits: torch.Tensor | None = (
-            None  # next-token logits of the generating rows (None: prefill first)
-        )
+        self.version = version
+        self.lockstep = lockstep
+        self.tools = tools if tools is not None else InlineTools()
+        self.clock = clock if clock is not None else RealClock()
+        self.stop = spec.tok.eos_id
+        self.budget = spec.max_action_tokens
+        self.slots: dict[int, _Slot] = {}
         self.next_key = 0
+        self.decode_steps = 0  # batched decode forwards so far
+        self.slot_seconds = 0.0  # wall seconds summed over the episodes in flight
+        self.decode_seconds = 0.0  # wall seconds spent in decode forwards
+        self._last = time.monotonic()
         self.add(tasks)
 
+    # -- what is in flight ----------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return not self.active
+        return not self.slots
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.slots)
+
+    def count(self, phase: str) -> int:
+        return sum(s.phase == phase for s in self.slots.values())
 
     @property
     def between_turns(self) -> bool:
-        """No action is half-generated: episodes can be added or taken out, or the state handed over cheaply."""
-        return not self.generating
+        """No action is half-generated (the cheap moment to hand the state over)."""
+        return not any(s.phase == GENERATING for s in self.slots.values())
 
-    def add(self, tasks: Sequence[Any]) -> list[int]:
-        """Start one episode per task (between turns only) -> their keys; they take part from the next turn."""
-        if self.generating:
-            raise RuntimeError("episodes can only be added between turns")
+    def add(self, tasks: Sequence[Any], tags: Sequence[Any] | None = None) -> list[int]:
+        """Start one episode per task (a fresh env each) -> their keys; they generate from the next step on."""
         keys = []
-        for task in tasks:
+        now = time.monotonic()
+        for i, task in enumerate(tasks):
             env = self.spec.make()
-            self.episodes[self.next_key] = Episode(task, env.reset(task))
-            self.envs[self.next_key] = env
-            self.active.append(self.next_key)
+            episode = Episode(task, env.reset(task))
+            episode.tag = tags[i] if tags is not None else None
+            self.slots[self.next_key] = _Slot(episode, env, started=now)
             keys.append(self.next_key)
             self.next_key += 1
         return keys
 
-    def take(self, keys: Sequence[int]) -> list[Episode]:
-        """Remove finished episodes -> them, in the order of `keys`."""
-        out = [self.episodes.pop(k) for k in keys]
-        for k in keys:
-            self.envs.pop(k, None)
-        return out
-
+    # -- one engine step ------------------------------------------------------------------------------
     @torch.no_grad()
-    def advance(self) -> bool:
-        """One token for every generating episode (a turn starts with a prefill), or, when every action of the
-        turn is complete, one step of every active environment. -> False once every episode is done."""
-        if self.done:
-            return False
-        if not self.generating:
-            self._start_turn()
-        if self.logits is None:  # a turn's first token, or the first after a weight switch or a restore
-            self.logits = self.decoder.prefill(
-                self.generating, [self.episodes[k].ids for k in self.generating]
-            )
-        token, chosen = sample_tokens(self.sampling.log_probs(self.logits), self.generator)
-        token = token.tolist()
-        chosen = chosen.tolist()
-        for k, t, lp in zip(self.generating, token, chosen):
-            self.episodes[k].extend([t], True, [lp], self.version)
-            self.actions[k].append(t)
-        self.step += 1
-        going = [j for j, t in enumerate(token) if t != self.stop and self.step < self.budget]
-        self.decoder.keep(going)
-        if going:
-            self.generating = [self.generating[j] for j in going]
-            self.logits = self.decoder.step(torch.tensor([token[j] for j in going]))  # one decode step
-            return True
-        for k in self.active:
-            self.episodes[k].record(self.envs[k].step(self.actions[k]))
-        self.active = [k for k in self.active if not self.episodes[k].done]
-        self.generating = []
-        return not self.done
+    def advance(self) -> list[Episode]:
+        """One engine step -> the episodes that ended in it (in the order they ended).
 
-    def _start_turn(self) -> None:
+        Answers from the environments come in first; in lockstep, a complete turn's actions go to the tools
+        together and the step waits for every answer. Then one batched decode for every generating episode.
+        """
+        self._account()
+        finished: list[Episode] = []
+        waiting = self.count(TOOL)
+        if self.lockstep and not waiting and self.count(BARRIER) and not self.count(GENERATING):
+            for key in sorted(k for k, s in self.slots.items() if s.phase == BARRIER):
+                self._submit(key)
+            waiting = self.count(TOOL)
+        if waiting:
+            idle = not any(s.phase in (GENERATING, READY) for s in self.slots.values())
+            while True:
+                finished += self._answers(block=idle or self.lockstep)
+                if not (self.lockstep and self.count(TOOL)):
+                    break
+        self._start_actions()
+        generating = sorted(k for k, s in self.slots.items() if s.phase == GENERATING)
+        if generating:
+            self._decode(generating)
+        self._account()
+        return finished
+
+    def _start_actions(self) -> None:
+        """Episodes that are ready begin their next action (in lockstep: once the whole turn is back)."""
+        ready = [k for k, s in self.slots.items() if s.phase == READY]
+        if not ready or (self.lockstep and len(ready) != len(self.slots)):
+            return
         context = getattr(self.decoder, "context", None)
-        longest = max(len(self.episodes[k].ids) for k in self.active) + self.budget
-        if context is not None and longest > context:
-            raise ContextError(
-                f"an episode needs {longest} positions but the model's context is {context} "
-                "(max_position_embeddings); lower max_turns or use a model with a longer context"
-            )
-        self.generating = list(self.active)
-        self.actions = {k: [] for k in self.active}
-        self.step = 0
-        self.logits = None
+        for key in sorted(ready):
+            slot = self.slots[key]
+            needed = len(slot.episode.ids) + self.budget
+            if context is not None and needed > context:
+                raise ContextError(
+                    f"an episode needs {needed} positions but the model's context is {context} "
+                    "(max_position_embeddings); lower max_turns or use a model with a longer context"
+                )
+            slot.phase = GENERATING
+            slot.action = []
 
+    def _decode(self, keys: list[int]) -> None:
+        start = time.monotonic()
+        rows = []
+        for key in keys:
+            slot = self.slots[key]
+            rows.append((key, slot.episode.ids[slot.fed :]))
+            slot.fed = len(slot.episode.ids)
+        logits = self.decoder.decode(rows)  # [b, V], one batched forward
+        token, chosen = sample_tokens(self.sampling.log_probs(logits), self.generator)
+        for key, t, lp in zip(keys, token.tolist(), chosen.tolist()):
+            slot = self.slots[key]
+            slot.episode.extend([t], True, [lp], self.version)
+            slot.action.append(t)
+            if t == self.stop or len(slot.action) >= self.budget:  # the action is complete
+                slot.episode.actions.append(slot.action)
+                slot.phase = BARRIER
+                if not self.lockstep:
+                    self._submit(key)
+        self.decode_steps += 1
+        self.clock.tick()
+        spent = time.monotonic() - start
+        self.decode_seconds += spent
+        for key in keys:
+            self.slots[key].episode.generating_seconds += spent
+
+    def _submit(self, key: int) -> None:
+        slot = self.slots[key]
+        slot.phase = TOOL
+        self.tools.submit(key, slot.env, slot.action)
+
+    def _answers(self, block: bool) -> list[Episode]:
+        finished = []
+        for key, result, seconds in self.tools.ready(block):
+            slot = self.slots[key]
+            episode = slot.episode
+            episode.record(result)
+            episode.tool_seconds += seconds
+            if episode.done:
+                episode.seconds = time.monotonic() - slot.started
+                finished.append(episode)
+                del self.slots[key]
+                self.decoder.release([key])
+            else:
+                slot.phase = READY
+        return finished
+
+    def _account(self) -> None:
+        now = time.monotonic()
+        self.slot_seconds += len(self.slots) * (now - self._last)
+        self._last = now
+
+    # -- weights and hand-over ------------------------------------------------------------------------
     def switch(self, version: int) -> None:
         """The decoder's weights changed (to `version`) at this token boundary: later tokens are tagged with it,
-        and the next one is drawn from logits the new weights compute (a fresh prefill; caches are dropped)."""
+        and the next one is drawn from logits the new weights compute (caches are dropped, sequences re-fed)."""
         self.version = version
-        reset = getattr(self.decoder, "reset", None)
-        if reset is not None:
-            reset()
-        self.logits = None
+        self.decoder.reset()
+        for slot in self.slots.values():
+            slot.fed = 0
 
     def state(self) -> dict:
-        """Everything needed to continue at this token boundary elsewhere (the decoder's caches are rebuilt)."""
-        keys = ("episodes", "envs", "active", "generating", "actions", "step", "version", "next_key")
-        return {**{k: getattr(self, k) for k in keys}, "generator": self.generator.get_state()}
+        """Everything in flight as plain data: episodes, their phase and action so far, the tools' remaining
+        time, the generator and the clock. Environments are not saved; :meth:`restore` replays their actions."""
+        calls = {c["key"]: c for c in self.tools.state()}
+        slots = []
+        for key in sorted(self.slots):
+            slot = self.slots[key]
+            slots.append(
+                {
+                    "key": key,
+                    "episode": slot.episode.state(),
+                    "phase": slot.phase,
+                    "action": list(slot.action),
+                    "tool": calls.get(key),
+                    "env": slot.env.state() if hasattr(slot.env, "state") else None,
+                }
+            )
+        return {
+            "slots": slots,
+            "version": self.version,
+            "next_key": self.next_key,
+            "decode_steps": self.decode_steps,
+            "clock": self.clock.now() if self.clock.logical else None,
+            "generator": self.generator.get_state(),
+        }
 
     @classmethod
-    def restore(cls, state: dict, decoder: Decoder, spec, sampling: Sampling | None = None) -> Rollout:
-        """A rollout continuing from `state` (made by :meth:`state`) with `decoder`."""
-        rollout = cls(decoder, spec, [], torch.Generator(), sampling, state["version"])
+    def restore(cls, state: dict, decoder: Decoder, spec, task_of: Callable[[int], Any], **kw) -> Rollout:
+        """A rollout continuing from `state` (made by :meth:`state`); `task_of(task_id)` gives a task back.
+
+        Each environment is rebuilt by replaying its episode's actions (:func:`replay`); an episode whose
+        environment does not give the same observations again raises :class:`ReplayError`. Episodes that were
+        waiting on their tool have it called again, with the time it still had to run.
+        """
+        rollout = cls(decoder, spec, version=state["version"], **kw)
         rollout.generator.set_state(state["generator"])
-        for key in ("episodes", "envs", "active", "generating", "actions", "step", "next_key"):
-            setattr(rollout, key, state[key])
+        if state["clock"] is not None:
+            rollout.clock.t = state["clock"]
+        rollout.next_key = state["next_key"]
+        rollout.decode_steps = state["decode_steps"]
+        now = time.monotonic()
+        for saved in state["slots"]:
+            episode = Episode.from_state(saved["episode"], task_of(saved["episode"]["task_id"]))
+            answered = episode.actions if saved["phase"] not in (BARRIER, TOOL) else episode.actions[:-1]
+            env = replay(spec.make(), episode, answered)
+            slot = _Slot(episode, env, saved["phase"], list(saved["action"]), 0, now - episode.seconds)
+            rollout.slots[saved["key"]] = slot
+            if saved.get("env") is not None:
+                env.load_state(saved["env"])
+            if saved["phase"] == TOOL:
+                tool = saved["tool"] or {"remaining": 0.0, "times_out": False}
+                rollout.tools.submit(saved["key"], env, slot.action, tool["remaining"], tool["times_out"])
         return rollout
+
+
+def replay(env, episode: Episode, actions: Sequence[Sequence[int]]):
+    """Rebuild `episode`'s environment: reset on its task and step its `actions` again -> the env.
+
+    The tokens it answers must be the episode's own (a deterministic environment), else :class:`ReplayError`.
+    An env wrapper may define ``replay(task, actions) -> tokens`` to rebuild without side effects (no drawn
+    failures, no latency); otherwise ``reset`` and ``step`` are called.
+    """
+    if hasattr(env, "replay"):
+        tokens = env.replay(episode.task, actions)
+    else:
+        tokens = list(env.reset(episode.task))
+        for action in actions:
+            tokens += list(action) + list(env.step(list(action)).observation)
+    if tokens != episode.ids[: len(tokens)]:
+        raise ReplayError(
+            f"task {episode.task.task_id}: replaying {len(actions)} action(s) gave other observations"
+        )
+    return env
 
 
 def run_episodes(
@@ -205,15 +385,32 @@ def run_episodes(
     generator: torch.Generator,
     sampling: Sampling | None = None,
     version: int = 0,
+    *,
+    slots: int | None = None,
+    lockstep: bool = True,
+    tools=None,
+    clock=None,
 ) -> list[Episode]:
-    """Roll out one episode per task with `decoder`; every generated token is tagged with `version`.
+    """Roll out one episode per task with `decoder` -> the episodes in task order; every generated token is
+    tagged with `version`.
 
-    ``spec`` is an :class:`lrl.envs.EnvSpec` (its ``make``, ``max_action_tokens`` and ``tok.eos_id``).
+    By default all episodes start together and advance in lockstep turns. With ``slots``, at most that many are
+    in flight, each continuing on its own (``lockstep=False``), and the next task starts as soon as one ends;
+    ``tools`` runs the environments' steps (:mod:`lrl.envs.workers`).
     """
-    rollout = Rollout(decoder, spec, tasks, generator, sampling, version)
-    while rollout.advance():
-        pass
-    return list(rollout.episodes.values())
+    rollout = Rollout(
+        decoder, spec, (), generator, sampling, version, lockstep=lockstep, tools=tools, clock=clock
+    )
+    limit = len(tasks) if not slots else slots
+    queued = list(enumerate(tasks))
+    finished: list[Episode] = []
+    while queued or not rollout.done:
+        if queued and rollout.in_flight < limit:
+            room = limit - rollout.in_flight
+            start, queued = queued[:room], queued[room:]
+            rollout.add([t for _, t in start], tags=[i for i, _ in start])
+        finished += rollout.advance()
+    return sorted(finished, key=lambda e: e.tag)
 
 
 def summarize(episodes: Sequence[Episode], metrics: Sequence[str] = ()) -> dict[str, float]:

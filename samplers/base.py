@@ -78,9 +78,12 @@ class BehaviorSampler:
         """The decode path of the behavior model: trainer-style full forwards."""
         return TrainerStyleDecoder(self.behavior, self.tok.pad_id)
 
-    def sample(self, tasks: Sequence, generator: torch.Generator, spec) -> list[Episode]:
-        """One episode per task in the environment `spec`, tagged with the behavior version and log-probs."""
-        return run_episodes(self.decoder(), spec, tasks, generator, self.sampling, self.behavior_version)
+    def sample(self, tasks: Sequence, generator: torch.Generator, spec, **engine) -> list[Episode]:
+        """One episode per task in the environment `spec`, tagged with the behavior version and log-probs;
+        ``engine`` holds the episode loop's options (``slots``, ``tools``: see ``lrl.rollout.run_episodes``)."""
+        return run_episodes(
+            self.decoder(), spec, tasks, generator, self.sampling, self.behavior_version, **engine
+        )
 
     # -- checkpointing -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -120,12 +123,12 @@ class OnPolicySampler(BehaviorSampler):
     def decoder(self):
         return TrainerStyleDecoder(self.policy, self.tok.pad_id)
 
-    def sample(self, tasks: Sequence, generator: torch.Generator, spec) -> list[Episode]:
+    def sample(self, tasks: Sequence, generator: torch.Generator, spec, **engine) -> list[Episode]:
         """Sample with the trainer's module in eval mode for the whole rollout, then restore its mode."""
         was_training = self.policy.training
         self.policy.eval()
         try:
-            return super().sample(tasks, generator, spec)
+            return super().sample(tasks, generator, spec, **engine)
         finally:
             self.policy.train(was_training)
 

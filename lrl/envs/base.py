@@ -64,6 +64,10 @@ class FailureInjection:
     whole episode survives with probability ``(1 - rate)^turns * exp(-hazard * length)``: long episodes
     fail more often. A failed turn ends the episode with ``info["env_failure"]``; its reward is not a score.
     Without rate or hazard no random number is drawn.
+
+    Each episode draws its failures from a generator of its own, seeded from ``generator`` when it is reset:
+    what fails does not depend on the order in which concurrent episodes' tools answer, and an episode in
+    flight is saved and resumed exactly (:meth:`state`, :meth:`replay`).
     """
 
     def __init__(
@@ -79,15 +83,22 @@ class FailureInjection:
         self.rate = rate
         self.hazard = hazard
         self.generator = generator
+        self.own = torch.Generator()  # this episode's draws
         self.turns = 0
         self.failed = False
         self._unbilled = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rate or self.hazard)
 
     def reset(self, task) -> list[int]:
         prompt = self.env.reset(task)
         self.turns = 0
         self.failed = False
         self._unbilled = len(prompt)  # tokens the worker has handled that no failure draw has covered yet
+        if self.active:
+            self.own.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
         return prompt
 
     def failure_probability(self, n_tokens: int) -> float:
@@ -97,14 +108,32 @@ class FailureInjection:
     def step(self, action: list[int]) -> StepResult:
         result = self.env.step(action)
         self.turns += 1
-        if self.rate or self.hazard:
+        if self.active:
             n = len(action) + len(result.observation) + self._unbilled
             self._unbilled = 0
-            if torch.rand((), generator=self.generator).item() < self.failure_probability(n):
+            if torch.rand((), generator=self.own).item() < self.failure_probability(n):
                 self.failed = True
                 info = {"invalid": False, "truncated": False, "env_failure": True}
                 return StepResult([], 0.0, True, info)
         return result
+
+    def replay(self, task, actions) -> list[int]:
+        """Rebuild the wrapped env from an episode's answered actions without drawing anything -> its tokens."""
+        tokens = list(self.env.reset(task))
+        for action in actions:
+            tokens += list(action) + list(self.env.step(list(action)).observation)
+        self.turns = len(actions)
+        self.failed = False
+        self._unbilled = 0 if actions else len(tokens)
+        return tokens
+
+    def state(self) -> dict:
+        return {"own": self.own.get_state(), "turns": self.turns, "unbilled": self._unbilled}
+
+    def load_state(self, state: dict) -> None:
+        self.own.set_state(state["own"])
+        self.turns = state["turns"]
+        self._unbilled = state["unbilled"]
 
 
 def episode_metrics(spec: EnvSpec, episodes) -> dict[str, float]:
