@@ -8,7 +8,8 @@ transformers causal LM.
     python train.py --devices 2 --strategy ddp          # two processes (gloo on CPU), the batch split over them
 
 Exit status: 0 done; 2 bad input (one line says which); 3 stopped by a numerical guard or the strict health
-check; 4 every step was skipped (nothing could be learned); 130 / 143 stopped by Ctrl-C / SIGTERM.
+check; 4 every step was skipped (nothing could be learned); 5 a rollout worker failed, died or hung (one line
+names it; the last checkpoint is intact); 130 / 143 stopped by Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import time
 
 NOTHING_LEARNED = 4
+WORKER_FAILED = 5
 # terminal escape sequences (colours, cursor moves) that a library's message may carry: CSI, OSC, and 2-byte ones
 ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
 
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     # Lightning's info lines (accelerators found, tips) are not what a user of train.py needs
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     from callbacks.health import HealthCheckError
+    from lrl.pipeline.local import WorkerError
     from lrl.run import build_run, fit
     from lrl.update import NumericalError
 
@@ -59,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except (NumericalError, HealthCheckError) as err:
         print(f"train.py: stopped: {one_line(err)}", file=sys.stderr)
         return 3
+    except WorkerError as err:
+        print(f"train.py: stopped: {one_line(err)}", file=sys.stderr)
+        return WORKER_FAILED
     if not run.trainer.is_global_zero:
         return 0
     if result["stopped_by"] is not None:

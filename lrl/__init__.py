@@ -1,16 +1,19 @@
 """lrl: reinforcement learning of language-model agents on data from another policy.
 
-Light names (the importance weights, the simulator) import without transformers or Lightning; the rest
-load on first use so that ``import lrl`` stays cheap.
+Every name loads on first use, so that ``import lrl`` imports nothing heavy (not even torch): a rollout worker
+process ties its life to the trainer's before it imports anything (``lrl.pipeline.spawn``).
 """
 
 from importlib import import_module
 
-from lrl.weights import behavior_weights, mis_weights, register_correction, tis_weights, veto_mask
-
 __version__ = "0.1.0"
 
 _LAZY = {
+    "tis_weights": "lrl.weights",
+    "mis_weights": "lrl.weights",
+    "veto_mask": "lrl.weights",
+    "behavior_weights": "lrl.weights",
+    "register_correction": "lrl.weights",
     "make_tasks": "lrl.envs.tinyagent",
     "build_tokenizer": "lrl.envs.tinyagent",
     "BugFixEnv": "lrl.envs.tinyagent",
@@ -26,15 +29,7 @@ _LAZY = {
     "fit": "lrl.run",
 }
 
-__all__ = [
-    "tis_weights",
-    "mis_weights",
-    "veto_mask",
-    "behavior_weights",
-    "register_correction",
-    "__version__",
-    *_LAZY,
-]
+__all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name):

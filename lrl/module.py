@@ -3,7 +3,7 @@
 One training step, read top to bottom in :meth:`OffPolicyModule.training_step`: pull the batch (sampled
 now, with the sampler's current weights), recompute ``old_logp`` with the trainer's policy, turn
 pi_old/mu into behavior weights (the configured correction), take ``minibatches`` clipped updates with
-per-token advantages ``w * A``, sync the new weights to the sampler, and publish the step's record
+per-token advantages ``w * A``, publish the new weights to the rollout source, and publish the step's record
 (:class:`StepRecord`, read by the callbacks) and metrics. ``global_step`` counts sampled batches, which is
 also the policy version. The path of a batch is drawn in docs/architecture.md.
 """
@@ -52,13 +52,17 @@ class StepRecord:
 
 
 class OffPolicyModule(L.LightningModule):
-    """Owns the policy and its optimizer; the sampler is handed new weights after every update."""
+    """Owns the policy and its optimizer; the rollout source is handed new weights after every update.
 
-    def __init__(self, cfg, policy: torch.nn.Module, sampler, spec):
+    Of the source it knows only the weight side (``setup``, ``publish``, the weights' checkpoint state): where
+    batches come from, and how, is the source's business (``lrl.sources``).
+    """
+
+    def __init__(self, cfg, policy: torch.nn.Module, source, spec):
         super().__init__()
         self.cfg = cfg
         self.policy = policy
-        self.sampler = sampler
+        self.source = source
         self.spec = spec
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
@@ -68,19 +72,13 @@ class OffPolicyModule(L.LightningModule):
         self.last_step: StepRecord | None = None
         self.last_eval: dict | None = None
         self.evals: list[dict] = []  # every held-out evaluation of this process, with its policy version
-        self._sampler_state: dict | None = None
         self.run_dir: str | None = None  # the run folder (lrl.runs), recorded in checkpoints
 
     # -- Lightning hooks and workarounds, each with its reason ----------------------------------------
     def on_fit_start(self) -> None:
         self.policy.train()  # Lightning warns, just before on_train_start, about modules left in eval mode
-        self.sampler.setup(self.policy, self.version)
-        if self._sampler_state is not None:  # resuming: the checkpoint is loaded before the sampler exists
-            self.sampler.load_state_dict(self._sampler_state)
-            self._sampler_state = None
-        pipeline = getattr(getattr(self.trainer.datamodule, "stream", None), "pipeline", None)
-        if pipeline is not None and not pipeline.procs:  # rollout workers start now, after a resume's state
-            pipeline.start()
+        # after a checkpoint's state is loaded: the source attaches to the weights (and starts its workers)
+        self.source.setup(self.policy, self.version)
 
     def on_train_start(self) -> None:
         """The RL step runs without dropout: ``old_logp``, the sampler's log-probs and the loss must be one
@@ -116,7 +114,7 @@ class OffPolicyModule(L.LightningModule):
         if guard is not None:  # the whole step moved the policy too far on its own batch: take it back
             control["train/reverted"] = float(guard.check(shift["step_kl"], cfg.max_step_kl))
         self.version += 1
-        self.sampler.sync(self.policy, self.version)  # the weight sync
+        self.source.publish(self.policy, self.version)  # the weight sync
         clock.lap("sync")
         means, maxes = step_metrics(
             batch, old_logp, weights, updates, version, cfg, clock.laps, shift, control
@@ -219,7 +217,8 @@ class OffPolicyModule(L.LightningModule):
                 logger.log_metrics(
                     record.metrics, step=self.trainer.fit_loop.epoch_loop._batches_that_stepped
                 )
-        self.log("reward", record.metrics["train/reward"], prog_bar=True, logger=False, batch_size=1)
+        if "train/reward" in record.metrics:  # absent when every episode of the step failed in its environment
+            self.log("reward", record.metrics["train/reward"], prog_bar=True, logger=False, batch_size=1)
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -230,7 +229,7 @@ class OffPolicyModule(L.LightningModule):
             "skipped": self.skipped,
             "shuffle": self.shuffle.get_state(),
             "history": list(self.history),
-            "sampler": self.sampler.state_dict(),
+            "weights": self.source.weights_state(),
             "rng": Ranks.of(self).gather_objects(rng),
             "config": self.cfg.to_dict(),
             "run_dir": self.run_dir,
@@ -242,7 +241,7 @@ class OffPolicyModule(L.LightningModule):
         self.skipped = state["skipped"]
         self.shuffle.set_state(state["shuffle"])
         self.history = list(state["history"])
-        self._sampler_state = state["sampler"]  # loaded in on_fit_start, after the sampler is set up
+        self.source.load_weights_state(state["weights"])  # applied in on_fit_start, by the source's setup
         progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
         if progress.get("is_last_batch") and checkpoint.get("global_step", 0) < self.cfg.max_steps:
             progress["is_last_batch"] = False  # a finished run resumed with a larger --max-steps continues

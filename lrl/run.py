@@ -1,4 +1,4 @@
-"""Building a training run from a Config: policy, environment, sampler, module, datamodule, Lightning Trainer.
+"""Building a training run from a Config: policy, environment, rollout source, module, datamodule, Trainer.
 
 Shared by train.py, the experiments and the tests: ``build_run(cfg)`` then ``fit(run)``.
 """
@@ -16,6 +16,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lrl.checkpoint import StoppedBeforeTraining
 from lrl.config import Config, ConfigError
+from lrl.envs import run_tokenizer  # noqa: F401  (the run's tokenizer; imported from here by tools)
 
 
 @dataclass
@@ -25,7 +26,7 @@ class Run:
     cfg: Config
     spec: object  # lrl.envs.EnvSpec
     policy: torch.nn.Module
-    sampler: object
+    source: object  # lrl.sources.RolloutSource: where the batches come from
     module: object
     datamodule: object
     trainer: L.Trainer
@@ -37,28 +38,15 @@ class Run:
         return self.spec.tok
 
     @property
+    def sampler(self):
+        """The behavior sampler of a synchronous run (None in async mode, where the workers hold their own)."""
+        return getattr(self.source, "sampler", None)
+
+    @property
     def stopped_by(self) -> int | None:
         """The signal that stopped the run early (SIGINT, SIGTERM), if one did."""
         stop = next((c for c in self.trainer.callbacks if type(c).__name__ == "GracefulStop"), None)
         return stop.stopped if stop is not None else None
-
-
-def run_tokenizer(cfg: Config):
-    """The run's tokenizer: --tokenizer, else the one saved with --model, else None (the env's own)."""
-    from lrl.tokenizers import TOKENIZER_FILE, load_tokenizer
-
-    source = cfg.tokenizer
-    if source is None and cfg.model is not None:
-        model = Path(cfg.model)
-        source = (
-            cfg.model if (model / TOKENIZER_FILE).exists() or (model / "tokenizer.json").exists() else None
-        )
-    if source is None:
-        return None
-    try:
-        return load_tokenizer(source)
-    except ValueError as err:
-        raise ConfigError(f"{'tokenizer' if cfg.tokenizer else 'model'}: {err}") from None
 
 
 def load_model(cfg: Config, tok):
@@ -74,7 +62,7 @@ def load_model(cfg: Config, tok):
 
 
 def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=None, **trainer_kw) -> Run:
-    """Config -> policy, environment, sampler, module, datamodule and a Lightning Trainer.
+    """Config -> policy, environment, rollout source, module, datamodule and a Lightning Trainer.
 
     Every path and the memory the run will need are checked before anything is built (ConfigError). The run
     writes to its own folder (lrl.runs): always when it logs to TensorBoard or keeps its checkpoints there.
@@ -89,7 +77,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     from lrl.policy import DEFAULT_SIZE, check_vocabulary, make_policy
     from lrl.preflight import check_model, check_tokenizer
     from lrl.runs import check_paths, clean_stale_temporaries, open_run
-    from samplers import make_sampler
+    from lrl.sources import make_source
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -112,15 +100,9 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else folder.checkpoints if folder else None
     if checkpoints is not None:
         clean_stale_temporaries(checkpoints)
-    sampler = make_sampler(cfg, spec.tok)
-    datamodule = RolloutDataModule(sampler, spec, cfg)
-    if cfg.pipeline == "async":  # rollouts in worker processes; the module's weight sync publishes to them
-        from lrl.pipeline import AsyncRollouts, Publisher
-
-        datamodule.stream.pipeline = AsyncRollouts(datamodule.stream, loaded)
-        sampler = Publisher(datamodule.stream.pipeline.board)
-        datamodule.sampler = datamodule.stream.sampler = sampler
-    module = OffPolicyModule(cfg, loaded, sampler, spec)
+    source = make_source(cfg, spec, loaded)  # synchronous sampling, or rollout workers with their sampler
+    datamodule = RolloutDataModule(source, cfg)
+    module = OffPolicyModule(cfg, loaded, source, spec)
     module.run_dir = str(folder.path) if folder is not None else None
     if logger is True:
         from lightning.pytorch.loggers import TensorBoardLogger
@@ -163,7 +145,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
             folder.release()
         raise ConfigError(f"accelerator/devices/num_nodes/strategy: {err}") from None
     ckpt = str(folder.checkpoint) if folder is not None and folder.checkpoint is not None else None
-    return Run(cfg, spec, loaded, sampler, module, datamodule, trainer, ckpt, folder)
+    return Run(cfg, spec, loaded, source, module, datamodule, trainer, ckpt, folder)
 
 
 def fit(run: Run) -> dict:

@@ -126,7 +126,7 @@ def test_resume_last_over_checkpoints_that_cannot_be_read_is_an_error(tmp_path, 
 # -- 2. killed at a random moment, resumed: nothing lost, nothing trained twice --------------------------
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_sigkill_at_a_random_moment_then_resume_loses_and_repeats_nothing(tmp_path, model_dir, deterministic):
-    steps = 6
+    steps = 10
     history = tmp_path / "h.jsonl"
     extra = ["--checkpoint-every", "1", "--max-steps", str(steps), "--max-staleness", "1"]
     extra += ["--rollout-workers", "2", "--deterministic", "true" if deterministic else "false"]

@@ -8,12 +8,12 @@ import pytest
 import torch
 from conftest import quick_cfg
 
-from lrl.data import RolloutStream
 from lrl.envs import FailureInjection
 from lrl.envs.tinyagent import BugFixEnv, make_tasks
 from lrl.losses import clipped_policy_loss, group_advantages
 from lrl.policy import selected_log_probs, sequence_log_probs
 from lrl.run import build_run, fit
+from lrl.sources.sync import SyncSource
 from samplers import OnPolicySampler
 
 READ, ANSWER = ["read", "<eos>"], ["answer", "3", "<eos>"]
@@ -57,9 +57,9 @@ def test_failed_step_ends_the_episode_without_a_score(tok):
 
 def stream(spec, policy, **kw):
     cfg = quick_cfg(**kw)
-    sampler = OnPolicySampler(spec.tok)
-    sampler.setup(policy)
-    return RolloutStream(sampler, spec, cfg, torch.Generator().manual_seed(0))
+    source = SyncSource(OnPolicySampler(spec.tok), spec, cfg)
+    source.setup(policy, 0)
+    return source
 
 
 def test_no_injection_draws_nothing_and_changes_nothing(spec, format_policy):
@@ -67,7 +67,7 @@ def test_no_injection_draws_nothing_and_changes_nothing(spec, format_policy):
     before = s.env_generator.get_state()
     batch = s.next_batch()
     assert torch.equal(s.env_generator.get_state(), before)
-    assert batch["env_failure"].sum() == 0 and not s.carry
+    assert batch["env_failure"].sum() == 0 and not s.picker.carry
 
 
 def test_failed_episodes_get_no_gradient_and_no_advantage_and_their_tasks_come_back(tok, spec, format_policy):
@@ -97,7 +97,7 @@ def test_failed_episodes_get_no_gradient_and_no_advantage_and_their_tasks_come_b
     failed_tasks = list(dict.fromkeys(batch["task_id"][failed].tolist()))
     nxt = s.next_batch()
     first = list(dict.fromkeys(nxt["task_id"].tolist()))
-    assert first[: len(failed_tasks)] == failed_tasks[: s.tasks_per_step]
+    assert first[: len(failed_tasks)] == failed_tasks[: s.picker.per_step]
 
 
 class Batches(L.Callback):

@@ -27,8 +27,8 @@ def corrupt_episodes(run, step: int, edit):
     """Make the sampler hand out edited episodes at the given step (0-based)."""
     sample, calls = run.sampler.sample, []
 
-    def patched(tasks, generator, spec):
-        episodes = sample(tasks, generator, spec)
+    def patched(tasks, generator, spec, **engine):
+        episodes = sample(tasks, generator, spec, **engine)
         if len(calls) == step:
             edit(episodes)
         calls.append(1)

@@ -75,8 +75,8 @@ def test_dropout_is_off_for_old_logp_and_the_update(tmp_path, tok, monkeypatch):
     old_logp equals the (eval-mode) sampler's log-probs at step 0, and the first ratio pi/pi_old is exactly 1."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    import lrl.data
     import lrl.module
+    import lrl.sources.base
     from lrl.policy import save_policy
 
     gpt = GPT2LMHeadModel(
@@ -103,7 +103,7 @@ def test_dropout_is_off_for_old_logp_and_the_update(tmp_path, tok, monkeypatch):
     monkeypatch.setattr(lrl.module, "clipped_policy_loss", recording)
     # an untrained model earns no reward: give every episode an advantage so that the update runs
     monkeypatch.setattr(
-        lrl.data, "group_advantages", lambda reward, group, valid: torch.linspace(-1, 1, len(reward))
+        lrl.sources.base, "group_advantages", lambda reward, group, valid: torch.linspace(-1, 1, len(reward))
     )
     run = build_run(quick_cfg(model=str(tmp_path / "gpt"), max_steps=2), logger=False, callbacks=[])
     fit(run)

@@ -18,6 +18,27 @@ def make_env(cfg, tok=None) -> EnvSpec:
     return ENVS.get(cfg.env).factory(cfg, tok)
 
 
+def run_tokenizer(cfg):
+    """The run's tokenizer: --tokenizer, else the one saved with --model, else None (the env's own)."""
+    from pathlib import Path
+
+    from lrl.config import ConfigError
+    from lrl.tokenizers import TOKENIZER_FILE, load_tokenizer
+
+    source = cfg.tokenizer
+    if source is None and cfg.model is not None:
+        model = Path(cfg.model)
+        source = (
+            cfg.model if (model / TOKENIZER_FILE).exists() or (model / "tokenizer.json").exists() else None
+        )
+    if source is None:
+        return None
+    try:
+        return load_tokenizer(source)
+    except ValueError as err:
+        raise ConfigError(f"{'tokenizer' if cfg.tokenizer else 'model'}: {err}") from None
+
+
 from lrl.envs import review, tinyagent  # noqa: E402  (registers the built-in environments)
 
 __all__ = [
@@ -27,6 +48,7 @@ __all__ = [
     "StepResult",
     "register_env",
     "make_env",
+    "run_tokenizer",
     "ENVS",
     "tinyagent",
     "review",

@@ -13,11 +13,14 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.multiprocessing as mp
 
 
 class WeightBoard:
-    """Shared-memory copies of a model's weights and the versions they hold; picklable to spawned workers."""
+    """Shared-memory copies of a model's weights and the versions they hold.
+
+    Everything lives in torch shared-memory tensors (the weights and one int64 counter per slot), so the board
+    travels to a worker in a queue message, after the worker has started, not in its process arguments.
+    """
 
     def __init__(self, model: torch.nn.Module, version: int = 0, slots: int = 1):
         state = model.state_dict()
@@ -25,36 +28,48 @@ class WeightBoard:
         self.slots = [
             [t.detach().to("cpu", copy=True).share_memory_() for t in state.values()] for _ in range(slots)
         ]
-        ctx = mp.get_context("spawn")
-        self.counters = [ctx.Value("q", -2, lock=False) for _ in range(slots)]  # -2: empty
-        self.counters[version % slots].value = 2 * version
+        self.counters = torch.full((slots,), -2, dtype=torch.int64).share_memory_()  # -2: empty
+        self.counters[version % slots] = 2 * version
         self.publish_seconds = 0.0
 
     @property
     def version(self) -> int:
-        """The newest fully published version."""
-        return max(c.value // 2 for c in self.counters if c.value % 2 == 0)
+        """The newest fully published version; -1 while the only slot is being written."""
+        counts = self.counters.tolist()
+        return max((c // 2 for c in counts if c % 2 == 0 and c >= 0), default=-1)
 
     def publish(self, model: torch.nn.Module, version: int) -> float:
         """Copy the model's weights in as `version` -> seconds it took."""
+        return self.publish_state(model.state_dict(), version)
+
+    def publish_state(self, state: dict[str, torch.Tensor], version: int) -> float:
+        """Copy a state dict in as `version` -> seconds it took."""
         start = time.perf_counter()
         slot = version % len(self.slots)
-        self.counters[slot].value = 2 * version - 1  # odd: being written
+        self.counters[slot] = 2 * version - 1  # odd: being written
         with torch.no_grad():
-            for shared, value in zip(self.slots[slot], model.state_dict().values()):
+            for shared, value in zip(self.slots[slot], state.values()):
                 shared.copy_(value.detach())
-        self.counters[slot].value = 2 * version
+        self.counters[slot] = 2 * version
         self.publish_seconds = time.perf_counter() - start
         return self.publish_seconds
+
+    def kept(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Every complete version on the board -> a copy of its weights (a deterministic run's checkpoint)."""
+        out = {}
+        for slot, count in enumerate(self.counters.tolist()):
+            if count >= 0 and count % 2 == 0:
+                out[count // 2] = {n: t.clone() for n, t in zip(self.names, self.slots[slot])}
+        return dict(sorted(out.items()))
 
     def read(self, model: torch.nn.Module, version: int) -> bool:
         """Load exactly `version` into `model` if a slot holds it, complete -> whether it did."""
         slot = version % len(self.slots)
-        before = self.counters[slot].value
+        before = int(self.counters[slot])
         if before != 2 * version:
             return False
         state = {name: t.clone() for name, t in zip(self.names, self.slots[slot])}
-        if self.counters[slot].value != before:
+        if int(self.counters[slot]) != before:
             return False
         model.load_state_dict(state, strict=True)
         return True
@@ -68,7 +83,8 @@ class WeightBoard:
         return newest if self.read(model, newest) else None
 
     def wait_for(self, model: torch.nn.Module, version: int, alive=lambda: True, poll: float = 0.002) -> None:
-        """Block until exactly `version` can be loaded, and load it."""
+        """Block until exactly `version` can be loaded, and load it; `alive()` is called while waiting (a
+        heartbeat) and returns False when waiting should stop."""
         while not self.read(model, version):
             if self.version > version + len(self.slots) - 1:
                 raise RuntimeError(f"version {version} is gone from the board (newest {self.version})")

@@ -1,26 +1,61 @@
-"""The pipeline's metrics of one step, from what the controller measured."""
+"""The pipeline's metrics of one step, from what the controller received since the step before."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from lrl.pipeline.messages import WorkerStats
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+@dataclass
+class StepWindow:
+    """What happened between two steps: every episode that finished, and the workers' running totals."""
+
+    finished_seconds: list[float] = field(default_factory=list)  # wall time of each episode that ended
+    stats: dict[int, WorkerStats] = field(default_factory=dict)  # worker -> totals at the last beat
+
+
+def delta(now: dict[int, WorkerStats], before: dict[int, WorkerStats]) -> WorkerStats:
+    """Sum over workers of what their totals grew by."""
+    out = WorkerStats()
+    for w, stats in now.items():
+        old = before.get(w, WorkerStats())
+        for name in vars(out):
+            setattr(out, name, getattr(out, name) + getattr(stats, name) - getattr(old, name))
+    return out
+
 
 def pipeline_metrics(
-    waited: float, kept: list, dropped_lengths: list, elapsed: float, idle: float, busy: float, queued: int
+    waited: float,
+    kept: list,
+    dropped_lengths: list,
+    elapsed: float,
+    workers: WorkerStats,
+    finished_seconds: list[float],
+    queued: int,
 ) -> dict:
-    """``pipeline/*`` of a step: `kept` its trained episodes, `dropped_lengths` the lengths of those dropped,
-    `elapsed` seconds since the last step, `idle` / `busy` worker seconds in that time, `queued` episodes waiting."""
+    """``pipeline/*`` (and ``time/worker_sync``) of a step: `kept` its trained episodes, `dropped_lengths` the
+    lengths of those dropped, `elapsed` seconds since the last step, `workers` what the workers' totals grew by
+    in that time, `finished_seconds` the wall time of every episode that ended in it, `queued` episodes waiting."""
     partial = sum(len({v for v, g in zip(e.version, e.generated) if g}) > 1 for e in kept)
-    dropped_mean = sum(dropped_lengths) / len(dropped_lengths) if dropped_lengths else 0.0
+    in_flight = sum(e.seconds for e in kept)
     return {
         "pipeline/queue_depth": float(queued),
         "pipeline/trainer_wait": waited,
-        "pipeline/worker_idle": idle / max(idle + busy, 1e-9),
+        "pipeline/worker_idle": workers.idle / max(workers.idle + workers.busy, 1e-9),
         "pipeline/episodes_per_s": (len(kept) + len(dropped_lengths)) / elapsed,
         "pipeline/dropped": float(len(dropped_lengths)),
-        "pipeline/dropped_length": dropped_mean,
+        "pipeline/dropped_length": _mean(dropped_lengths),
         "pipeline/partial": partial / max(len(kept), 1),
+        "pipeline/slot_util": workers.slot_seconds / max(workers.capacity_seconds, 1e-9),
+        "pipeline/generating": sum(e.generating_seconds for e in kept) / max(in_flight, 1e-9),
+        "pipeline/tool_wait": sum(e.tool_seconds for e in kept) / max(in_flight, 1e-9),
+        "pipeline/episode_seconds": _mean(e.seconds for e in kept),
+        "pipeline/launched_seconds": _mean(finished_seconds),
+        "time/worker_sync": workers.switch_seconds / max(workers.switches, 1),
     }
-
-
-def turns(episode) -> int:
-    """Actions the episode took: runs of generated tokens."""
-    return sum(1 for a, b in zip([False, *episode.generated], episode.generated) if b and not a)

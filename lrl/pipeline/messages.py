@@ -1,0 +1,107 @@
+"""What the controller and its rollout workers say to each other: typed records, one class per message.
+
+Controller to worker: :class:`Setup` (once, first), :class:`Work`, :class:`Pause`, :class:`Resume`,
+:class:`Stop`. Worker to controller: :class:`GroupDone` (free-running), :class:`BatchDone` (deterministic),
+:class:`Beat`, :class:`Paused`, :class:`Failed`. Episodes travel as :class:`lrl.rollout.Episode` objects
+between live processes; what is saved in a checkpoint is plain data (``Episode.state()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Group:
+    """One task's group of episodes: `serial` numbers it in the rank's order of issue, `task` is the task's
+    position in the rank's train tasks."""
+
+    serial: int
+    task: int
+    episodes: int
+
+
+@dataclass
+class Setup:
+    """Everything a worker needs that is too heavy for its process arguments: sent first, after spawn."""
+
+    cfg: dict
+    rank: int
+    world: int  # ranks in the run (the worker's share of a batch depends on it)
+    board: Any  # lrl.pipeline.board.WeightBoard (shared memory)
+    model_class: type
+    model_config: Any
+    restore: dict | None  # the worker's state from a checkpoint, or None for a fresh start
+
+
+@dataclass
+class Work:
+    """Groups to generate. Free-running: one unit (a worker's share of a batch); deterministic: one whole
+    batch `batch`, to start on version `start_version`."""
+
+    groups: list[Group]
+    batch: int
+    start_version: int | None = None
+
+
+@dataclass
+class Pause:
+    """Answer with your whole state at the next token boundary, then wait for Resume or Stop."""
+
+
+@dataclass
+class Resume:
+    pass
+
+
+@dataclass
+class Stop:
+    pass
+
+
+@dataclass
+class GroupDone:
+    worker: int
+    serial: int
+    episodes: list  # lrl.rollout.Episode, in the group's order
+    seconds: float  # from the group's first episode starting to its last ending
+
+
+@dataclass
+class BatchDone:
+    worker: int
+    batch: int
+    groups: dict[int, list]  # serial -> episodes
+    seconds: float
+
+
+@dataclass
+class WorkerStats:
+    """A worker's running totals (seconds unless named otherwise); the controller differences them per step."""
+
+    idle: float = 0.0  # waiting for work
+    busy: float = 0.0  # engine steps
+    slot_seconds: float = 0.0  # summed over episodes in flight
+    capacity_seconds: float = 0.0  # summed over the slots it has
+    switches: int = 0  # weight loads
+    switch_seconds: float = 0.0  # spent loading weights (decoding paused)
+
+
+@dataclass
+class Beat:
+    worker: int
+    stats: WorkerStats = field(default_factory=WorkerStats)
+
+
+@dataclass
+class Paused:
+    worker: int
+    state: dict
+
+
+@dataclass
+class Failed:
+    worker: int
+    error: str
+    where: str

@@ -1,0 +1,158 @@
+"""The controller's two scheduling policies: which work goes to which worker when, and which finished work a
+batch is made of. The worker's side of each is in :mod:`lrl.pipeline.worker`.
+
+Both obey the **throttle**: by the time the trainer is at version ``v``, at most ``(v + 1 + max_staleness) *
+groups_per_batch`` groups have been handed out (AReaL's capacity rule, counted in episodes started), so no more
+work starts than can be trained within the bound. Both also respect each worker's **capacity**: a worker is
+sent work only while what it holds fits its slots plus one unit more, so a bound far above the run's length
+never floods a queue.
+
+- :class:`FreeSchedule`: each batch's groups are split round robin into one unit per worker; the trainer takes
+  the oldest *finished* groups, whatever batch they were drawn for.
+- :class:`DeterministicSchedule`: batch ``b`` goes whole to worker ``b mod W`` and starts on version
+  ``max(0, b - max_staleness)``; the trainer takes batches in order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from lrl.pipeline.messages import BatchDone, Group, GroupDone, Work
+
+
+class _Schedule:
+    def __init__(self, groups_per_batch: int, episodes_per_group: int, workers: int, eta: int, slots: int):
+        self.G = groups_per_batch
+        self.E = episodes_per_group
+        self.W = workers
+        self.eta = eta
+        self.share = -(-groups_per_batch // workers) * episodes_per_group  # episodes of a worker's unit
+        self.capacity = (
+            max(slots, self.share) + self.share
+        )  # what a worker may hold: its slots, one unit more
+        self.held = [0] * workers  # episodes each worker holds (sent, not yet back)
+        self.issued_batches = 0
+
+    def limit(self, version: int) -> int:
+        """Batches the throttle lets start by the time the trainer is at `version`."""
+        return version + 1 + self.eta
+
+
+class FreeSchedule(_Schedule):
+    """Units round robin as the throttle and the workers' capacity allow; oldest finished groups first."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.ready: deque[tuple[int, list]] = deque()  # finished (serial, episodes), oldest finished first
+        self.seconds: dict[int, float] = {}  # serial -> its generation time
+
+    def issue(self, version: int, new_groups, send) -> None:
+        """Hand out every batch allowed now: `new_groups()` draws a batch's groups, `send(w, Work)` sends."""
+        while self.issued_batches < self.limit(version):
+            units = [list(range(w, self.G, self.W)) for w in range(self.W)]
+            if any(self.held[w] + len(u) * self.E > self.capacity for w, u in enumerate(units) if u):
+                return  # a worker is full: the rest waits for its results
+            groups = new_groups()
+            for w, unit in enumerate(units):
+                if unit:
+                    send(w, Work([groups[i] for i in unit], self.issued_batches))
+                    self.held[w] += len(unit) * self.E
+            self.issued_batches += 1
+
+    def accept(self, message) -> None:
+        if isinstance(message, GroupDone):
+            self.ready.append((message.serial, message.episodes))
+            self.seconds[message.serial] = message.seconds
+            self.held[message.worker] -= len(message.episodes)
+
+    def take(self) -> list[tuple[int, list]] | None:
+        """The batch's groups, once enough have finished -> [(serial, episodes)], or None (not yet)."""
+        if len(self.ready) < self.G:
+            return None
+        return [self.ready.popleft() for _ in range(self.G)]
+
+    @property
+    def queued(self) -> int:
+        return sum(len(eps) for _, eps in self.ready)
+
+    def state_dict(self) -> dict:
+        return {
+            "ready": [(s, [e.state() for e in eps]) for s, eps in self.ready],
+            "seconds": dict(self.seconds),
+            "held": list(self.held),
+            "issued_batches": self.issued_batches,
+        }
+
+    def load_state_dict(self, state: dict, episode) -> None:
+        self.ready = deque((s, [episode(e) for e in eps]) for s, eps in state["ready"])
+        self.seconds = {int(k): v for k, v in state["seconds"].items()}
+        self.held = list(state["held"])
+        self.issued_batches = state["issued_batches"]
+
+
+class DeterministicSchedule(_Schedule):
+    """Batch b whole to worker b mod W, on version max(0, b - eta); batches taken in order."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.capacity = 2 * self.G * self.E  # the batch being generated and the next one
+        self.batches: dict[int, dict[int, list]] = {}  # finished batch -> {serial: episodes}
+        self.seconds: dict[int, float] = {}
+        self.taken = 0
+
+    def issue(self, version: int, new_groups, send) -> None:
+        while self.issued_batches < self.limit(version):
+            b = self.issued_batches
+            w = b % self.W
+            if self.held[w] + self.G * self.E > self.capacity:
+                return  # in order: a later batch never overtakes a waiting one
+            send(w, Work(new_groups(), b, max(0, b - self.eta)))
+            self.held[w] += self.G * self.E
+            self.issued_batches += 1
+
+    def accept(self, message) -> None:
+        if isinstance(message, BatchDone):
+            self.batches[message.batch] = message.groups
+            self.seconds.update({serial: message.seconds for serial in message.groups})
+            self.held[message.worker] -= self.G * self.E
+
+    def take(self) -> list[tuple[int, list]] | None:
+        if self.taken not in self.batches:
+            return None
+        groups = sorted(self.batches.pop(self.taken).items())
+        self.taken += 1
+        return groups
+
+    @property
+    def queued(self) -> int:
+        return sum(len(e) for b in self.batches.values() for e in b.values())
+
+    def state_dict(self) -> dict:
+        return {
+            "batches": {
+                b: {s: [e.state() for e in eps] for s, eps in g.items()} for b, g in self.batches.items()
+            },
+            "seconds": dict(self.seconds),
+            "held": list(self.held),
+            "issued_batches": self.issued_batches,
+            "taken": self.taken,
+        }
+
+    def load_state_dict(self, state: dict, episode) -> None:
+        self.batches = {
+            int(b): {int(s): [episode(e) for e in eps] for s, eps in g.items()}
+            for b, g in state["batches"].items()
+        }
+        self.seconds = {int(k): v for k, v in state["seconds"].items()}
+        self.held = list(state["held"])
+        self.issued_batches = state["issued_batches"]
+        self.taken = state["taken"]
+
+
+def make_schedule(cfg, groups_per_batch: int):
+    """The controller's policy for a config."""
+    policy = DeterministicSchedule if cfg.deterministic else FreeSchedule
+    return policy(groups_per_batch, cfg.episodes_per_task, cfg.rollout_workers, cfg.max_staleness, cfg.slots)
+
+
+__all__ = ["DeterministicSchedule", "FreeSchedule", "Group", "make_schedule"]

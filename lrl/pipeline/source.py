@@ -1,0 +1,257 @@
+"""The asynchronous rollout source: the controller in the trainer's process, rollout workers beside it.
+
+It starts ``rollout_workers`` processes (:mod:`lrl.pipeline.local`) when the fit starts, after a checkpoint's state
+is loaded, hands them groups of episodes (a group: one task, ``episodes_per_task`` episodes) as its scheduling
+policy says (:mod:`lrl.pipeline.schedule`), and makes each step's batch from finished groups. Staleness is bounded
+twice, as AReaL and prime-rl do (docs/pipeline.md):
+
+- **throttle**: no more groups are started than can be trained within the bound (the schedule);
+- **consumer**: an episode whose oldest action token is more than ``max_staleness`` versions behind the trainer
+  is dropped, counted, its length logged and its id recorded, so the bound holds for every trained token.
+  ``--staleness-drop false`` turns this off: the throttle alone bounds the work, and the oldest data may be older.
+
+Every episode has an id ``"<rank>:<serial>"`` (serials in the order episodes were started); each step reports the
+ids it trained and dropped, and a checkpoint holds the finished groups not yet trained, every worker's in-flight
+episodes and the ledger, all as plain data (it loads with ``torch.load(weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from lrl.batch import Batch
+from lrl.pipeline.board import WeightBoard
+from lrl.pipeline.local import LocalWorkers
+from lrl.pipeline.messages import BatchDone, Beat, Group, GroupDone, Pause, Paused, Resume, Setup
+from lrl.pipeline.metrics import StepWindow, delta, pipeline_metrics
+from lrl.pipeline.schedule import make_schedule
+from lrl.sources.base import TaskPicker, rank_seed, score_batch
+
+POLL = 0.05  # seconds between looks at the workers while the trainer waits
+
+
+class AsyncSource:
+    """Batches from rollout workers, one per training step (see the module docstring)."""
+
+    def __init__(self, cfg, spec, policy: torch.nn.Module):
+        self.cfg = cfg
+        self.spec = spec
+        self.E = cfg.episodes_per_task
+        self.eta = cfg.max_staleness
+        self.rank = 0
+        self.world = 1
+        self.G = cfg.tasks_per_step  # groups per batch, this rank's share
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # the tasks of each batch
+        self.picker = TaskPicker(spec.train_tasks, self.G, self.generator)
+        # a deterministic schedule may ask for a version the trainer has passed: keep the last eta + 2
+        self.board = WeightBoard(policy, 0, self.eta + 2 if cfg.deterministic else 1)
+        self.model_class = type(policy)
+        self.model_config = policy.config
+        self.workers = LocalWorkers(cfg.worker_timeout)
+        self.schedule = make_schedule(cfg, self.G)
+        self.issued = 0  # groups handed out so far (serials 0 .. issued - 1)
+        self.group_task: dict[int, int] = {}  # serial -> task position, for groups not consumed yet
+        self.produced = 0
+        self.version = 0
+        self.restore: list | None = None  # the workers' states from a checkpoint, until they start
+        self.restore_board: dict | None = None
+        self.window = StepWindow()
+        self.last_stats: dict = {}
+        self._paused: dict[int, dict] = {}  # worker -> its state, while a checkpoint pauses them
+        self.last_time = time.time()
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def bind(self, rank: int, world_size: int) -> None:
+        """This rank's workers, ids and share of each batch's groups, and its own task draws."""
+        self.rank = rank
+        self.world = world_size
+        self.G = self.cfg.tasks_per_step // world_size
+        self.picker.per_step = self.G
+        self.generator.manual_seed(rank_seed(self.cfg.seed, rank))
+        self.schedule = make_schedule(self.cfg, self.G)
+
+    def setup(self, policy, version: int) -> None:
+        """Publish the starting weights (and, resuming a deterministic run, the older ones it may still need),
+        then start the workers."""
+        for old, state in (self.restore_board or {}).items():
+            if old < version:
+                self.board.publish_state(state, old)
+        self.restore_board = None
+        self.publish(policy, version)
+        if not self.workers.running:
+            self.start()
+
+    def start(self) -> None:
+        setups = [
+            Setup(
+                self.cfg.to_dict(),
+                self.rank,
+                self.world,
+                self.board,
+                self.model_class,
+                self.model_config,
+                self.restore[i] if self.restore else None,
+            )
+            for i in range(self.cfg.rollout_workers)
+        ]
+        self.workers.start(setups)
+        self.restore = None
+        self.last_time = time.time()
+
+    def publish(self, policy, version: int) -> None:
+        self.board.publish(policy, version)
+        self.version = version
+
+    def close(self) -> None:
+        self.workers.close()
+
+    # -- handing out work -------------------------------------------------------------------------------
+    def _new_groups(self) -> list[Group]:
+        """A batch's worth of groups: the synchronous stream's draw of distinct tasks."""
+        groups = []
+        for position in self.picker.choose():
+            groups.append(Group(self.issued, position, self.E))
+            self.group_task[self.issued] = position
+            self.issued += 1
+        return groups
+
+    def _receive(self) -> None:
+        message = self.workers.receive(POLL)
+        if message is None:
+            return
+        if isinstance(message, Beat):
+            self.window.stats[message.worker] = message.stats
+            return
+        if isinstance(message, Paused):
+            self._paused[message.worker] = message.state
+            return
+        if isinstance(message, GroupDone):
+            self.window.finished_seconds += [e.seconds for e in message.episodes]
+        elif isinstance(message, BatchDone):
+            self.window.finished_seconds += [e.seconds for g in message.groups.values() for e in g]
+        self.schedule.accept(message)
+
+    # -- taking a batch ---------------------------------------------------------------------------------
+    def next_batch(self, version: int) -> Batch:
+        """The next batch for the trainer at `version`. Groups whose every episode is past the bound are
+        recorded as dropped and the next ones taken."""
+        if not self.workers.running:
+            self.start()
+        start = time.perf_counter()
+        dropped: list[str] = []
+        while True:
+            self.schedule.issue(version, self._new_groups, self.workers.send)
+            groups = self.schedule.take()
+            if groups is None:
+                self._receive()
+                continue
+            batch, info = self._assemble(groups, version, time.perf_counter() - start)
+            info["dropped_ids"] = dropped + info["dropped_ids"]
+            if batch is not None:
+                break
+            dropped = info["dropped_ids"]
+        if (
+            version + 1 >= self.cfg.max_steps
+        ):  # the run's last batch: what was started but will not be trained
+            info["unfinished_ids"] = [
+                f"{self.rank}:{s * self.E + j}" for s in sorted(self.group_task) for j in range(self.E)
+            ]
+        batch["pipeline"] = info.pop("metrics")
+        batch["ledger"] = info
+        batch["index"] = torch.tensor(self.produced)
+        batch["sample_time"] = torch.tensor(time.perf_counter() - start)
+        self.produced += 1
+        return batch
+
+    def _assemble(self, groups: list, version: int, waited: float) -> tuple[Batch | None, dict]:
+        """Drop episodes past the bound, collate the rest, score groups; the step's ledger and metrics."""
+        kept, trained_ids, dropped_ids, dropped_lengths, seconds = [], [], [], [], []
+        for serial, episodes in groups:
+            self.group_task.pop(serial, None)
+            seconds.append(self.schedule.seconds.pop(serial, float("nan")))
+            for j, episode in enumerate(episodes):
+                eid = f"{self.rank}:{serial * self.E + j}"
+                tags = [v for v, g in zip(episode.version, episode.generated) if g]
+                if self.cfg.staleness_drop and tags and version - min(tags) > self.eta:
+                    dropped_ids.append(eid)
+                    dropped_lengths.append(len(episode.ids))
+                    continue
+                kept.append(episode)
+                trained_ids.append(eid)
+        staleness = [version - v for e in kept for v, g in zip(e.version, e.generated) if g]
+        info = {
+            "trained_ids": trained_ids,
+            "dropped_ids": dropped_ids,
+            "time/group_seconds": seconds,  # per group, for calibrating the simulator
+            "time/episode_seconds": [e.seconds for e in kept],
+            "staleness_counts": [staleness.count(k) for k in range(max(staleness, default=-1) + 1)],
+            "metrics": self._metrics(waited, kept, dropped_lengths),
+        }
+        if not kept:
+            return None, info
+        batch = score_batch(kept, self.spec, self.cfg)
+        self.picker.carry_failures(kept)
+        if dropped_lengths:
+            batch["sampled_length"] = torch.tensor([float(len(e.ids)) for e in kept] + dropped_lengths)
+        return batch, info
+
+    def _metrics(self, waited: float, kept: list, dropped_lengths: list) -> dict:
+        now = time.time()
+        elapsed = max(now - self.last_time, 1e-9)
+        self.last_time = now
+        grew = delta(self.window.stats, self.last_stats)
+        self.last_stats = dict(self.window.stats)
+        finished = self.window.finished_seconds
+        self.window.finished_seconds = []
+        queued = self.schedule.queued
+        return pipeline_metrics(waited, kept, dropped_lengths, elapsed, grew, finished, queued)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Pause every worker at a token boundary and keep everything in flight, as plain data: their episodes,
+        the finished groups not trained yet, the ledger (the next serial, the tasks of unconsumed groups)."""
+        workers = self.restore
+        if self.workers.running:
+            self._paused = {}
+            for w in range(self.cfg.rollout_workers):
+                self.workers.send(w, Pause())
+            while len(self._paused) < self.cfg.rollout_workers:
+                self._receive()
+            workers = [self._paused[w] for w in range(self.cfg.rollout_workers)]
+        state = {
+            "schedule": self.schedule.state_dict(),
+            "picker": self.picker.state_dict(),
+            "generator": self.generator.get_state(),
+            "issued": self.issued,
+            "group_task": dict(self.group_task),
+            "produced": self.produced,
+            "workers": workers,
+            "board": self.board.kept() if self.cfg.deterministic else None,
+        }
+        if self.workers.running:
+            for w in range(self.cfg.rollout_workers):
+                self.workers.send(w, Resume())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        from lrl.rollout import Episode
+
+        def episode(saved: dict):
+            return Episode.from_state(saved, self.picker.by_id(saved["task_id"]))
+
+        self.schedule.load_state_dict(state["schedule"], episode)
+        self.picker.load_state_dict(state["picker"])
+        self.generator.set_state(state["generator"])
+        self.issued = state["issued"]
+        self.group_task = {int(k): v for k, v in state["group_task"].items()}
+        self.produced = state["produced"]
+        self.restore = state["workers"]
+        self.restore_board = state["board"]
+
+    def weights_state(self) -> dict:
+        return {"version": self.version}
+
+    def load_weights_state(self, state: dict) -> None:
+        self.version = state["version"]
