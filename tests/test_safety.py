@@ -192,6 +192,26 @@ def test_resume_of_a_folder_without_a_checkpoint_is_an_error(tmp_path, model_dir
     assert "resume last: no run of" in fresh.stdout and "started fresh in" in fresh.stdout
 
 
+def test_resume_last_over_an_unreadable_checkpoint_is_an_error_not_a_fresh_start(tmp_path, model_dir):
+    import fcntl
+
+    runs = tmp_path / "runs" / "lrl"
+    for version in (0, 1):
+        (runs / f"version_{version}" / "checkpoints").mkdir(parents=True)
+        (runs / f"version_{version}" / "checkpoints" / "last.ckpt").write_bytes(os.urandom(512))
+    held = os.open(runs / "version_1" / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # version_1 is a live run's: left to it
+    try:
+        out = train(*FAST, "--model", str(model_dir), "--log-dir", str(tmp_path / "runs"), "--resume", "last")
+    finally:
+        os.close(held)
+    one_clear_line(out, 2, f"{runs}/version_0/checkpoints/last.ckpt", "cannot be read as an lrl checkpoint")
+    assert "started fresh" not in out.stdout and sorted(p.name for p in runs.iterdir()) == [
+        "version_0",
+        "version_1",
+    ]
+
+
 def test_resume_refuses_a_max_steps_below_the_checkpoint(tmp_path, format_policy):
     cfg = dict(max_steps=3, checkpoint_every=3, log_dir=str(tmp_path), threads=1)
     fit(build_run(quick_cfg(**cfg), logger=False, policy=format_policy))
