@@ -9,13 +9,15 @@ import torch
 from lrl.batch import pad_right
 from lrl.tokenizers import TOKENIZER_FILE, WordTokenizer
 
+# two heads of 32 (one key/value head) rather than four of 16: the same weight matrices, and a head size that
+# real inference engines' CPU attention kernels take (vLLM's accepts 32, 64, ... but not 16; docs/engine.md)
 DEFAULT_SIZE = dict(
     hidden_size=64,
     intermediate_size=192,
     num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
     max_position_embeddings=256,
 )
 
