@@ -13,7 +13,8 @@ all tokens), ``maxes`` to a value reduced by maximum. One name per quantity, one
 - ``offpolicy/``: ``masked`` (share of action tokens with weight 0), ``seq_over_cap`` and
   ``seq_outside_band`` (share of episodes whose sequence-level ratio is above the cap / outside the MIS band);
 - ``staleness/token_mean``, ``staleness/token_max``: trainer version minus each action token's version;
-- ``time/``: sample, old_logp, update, shift (the step KL), sync (seconds); ``env/``: injected worker failures.
+- ``time/``: sample, old_logp, update, shift (the step KL), sync (seconds); ``env/``: worker failures (injected,
+  and with environment workers ``env/timeouts`` and ``env/errors``: tools past the timeout, tools that raised).
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ def _env_failure_metrics(batch: Batch, valid: torch.Tensor) -> dict[str, tuple[f
         turns = batch["env_turns"].sum().item()
         out["env/turns"] = (turns / n_episodes, n_episodes)
         out["env/turn_failures"] = (n_failed / max(turns, 1.0), turns)
+    for key, name in (("env_timeout", "env/timeouts"), ("env_error", "env/errors")):  # environment workers
+        if key in batch:  # why they failed: a tool past --tool-timeout, a tool that raised
+            out[name] = (batch[key].sum().item() / n_episodes, n_episodes)
     out["env/length"] = (masked_mean(batch["length"], valid).item(), valid.sum().item())
     out["env/failed_length"] = (masked_mean(batch["length"], failed).item(), n_failed)
     return out

@@ -124,19 +124,23 @@ def test_resume_last_over_checkpoints_that_cannot_be_read_is_an_error(tmp_path, 
 
 
 # -- 2. killed at a random moment, resumed: nothing lost, nothing trained twice --------------------------
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_sigkill_at_a_random_moment_then_resume_loses_and_repeats_nothing(tmp_path, model_dir, deterministic):
+@pytest.mark.parametrize("deterministic, slots", [(False, 0), (True, 0), (False, 8), (True, 8)])
+def test_sigkill_at_a_random_moment_then_resume_loses_and_repeats_nothing(
+    tmp_path, model_dir, deterministic, slots
+):
     steps = 10
     history = tmp_path / "h.jsonl"
     extra = ["--checkpoint-every", "1", "--max-steps", str(steps), "--max-staleness", "1"]
     extra += ["--rollout-workers", "2", "--deterministic", "true" if deterministic else "false"]
+    if slots:  # episodes in flight wait on their tools most of the time: the kill lands in a tool wait
+        extra += ["--slots", str(slots), "--tool-latency", "lognormal:0.05:1.0"]
     args = async_args(model_dir, tmp_path / "runs", *extra, "--history-file", str(history))
     whole = None
     if deterministic:  # the uninterrupted run to compare with, at the same time as the killed one
         whole = popen(
             async_args(model_dir, tmp_path / "whole", *extra, "--history-file", str(tmp_path / "w.jsonl"))
         )
-    rng = random.Random(11 + deterministic)
+    rng = random.Random(11 + deterministic + slots)
     env, mark = marked_env()
     killed = popen([*args, "--resume", "last"], env=env)
     target = rng.randint(1, 3)
