@@ -71,7 +71,7 @@ def test_no_injection_draws_nothing_and_changes_nothing(spec, format_policy):
 
 
 def test_failed_episodes_get_no_gradient_and_no_advantage_and_their_tasks_come_back(tok, spec, format_policy):
-    s = stream(spec, format_policy, env_failure_rate=0.3)
+    s = stream(spec, format_policy, env_failure_rate=0.3, tasks_per_step=8, episodes_per_task=6)
     batch = s.next_batch()
     failed = batch["env_failure"].bool()
     assert 0 < failed.sum() < len(failed)

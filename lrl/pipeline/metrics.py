@@ -17,6 +17,7 @@ class StepWindow:
     """What happened between two steps: every episode that finished, and the workers' running totals."""
 
     finished_seconds: list[float] = field(default_factory=list)  # wall time of each episode that ended
+    finished_ids: list[list] = field(default_factory=list)  # [serial, seconds] of the same episodes
     stats: dict[int, WorkerStats] = field(default_factory=dict)  # worker -> totals at the last beat
 
 

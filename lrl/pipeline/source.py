@@ -60,6 +60,7 @@ class AsyncSource:
         self.window = StepWindow()
         self.last_stats: dict = {}
         self._paused: dict[int, dict] = {}  # worker -> its state, while a checkpoint pauses them
+        self._durations: list = []
         self.last_time = time.time()
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -128,10 +129,17 @@ class AsyncSource:
             self._paused[message.worker] = message.state
             return
         if isinstance(message, GroupDone):
-            self.window.finished_seconds += [e.seconds for e in message.episodes]
+            self._finished(message.serial, message.episodes)
         elif isinstance(message, BatchDone):
-            self.window.finished_seconds += [e.seconds for g in message.groups.values() for e in g]
+            for serial, episodes in message.groups.items():
+                self._finished(serial, episodes)
         self.schedule.accept(message)
+
+    def _finished(self, serial: int, episodes: list) -> None:
+        """Record the wall time of each episode of a finished group (the simulator's durations come from it)."""
+        for j, episode in enumerate(episodes):
+            self.window.finished_seconds.append(episode.seconds)
+            self.window.finished_ids.append([serial * self.E + j, episode.seconds])
 
     # -- taking a batch ---------------------------------------------------------------------------------
     def next_batch(self, version: int) -> Batch:
@@ -189,6 +197,8 @@ class AsyncSource:
             "staleness_counts": [staleness.count(k) for k in range(max(staleness, default=-1) + 1)],
             "metrics": self._metrics(waited, kept, dropped_lengths),
         }
+        # [serial, seconds] of every episode that ended since the last step, trained or not
+        info["time/finished_seconds"] = self._durations
         if not kept:
             return None, info
         batch = score_batch(kept, self.spec, self.cfg)
@@ -205,6 +215,8 @@ class AsyncSource:
         self.last_stats = dict(self.window.stats)
         finished = self.window.finished_seconds
         self.window.finished_seconds = []
+        self._durations = self.window.finished_ids
+        self.window.finished_ids = []
         queued = self.schedule.queued
         return pipeline_metrics(waited, kept, dropped_lengths, elapsed, grew, finished, queued)
 
