@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from lrl.experiments.pipeline import RUN_FLAGS  # noqa: E402  the same train.py flags as the experiment
 from lrl.experiments.stats import mean_se  # noqa: E402
-from lrl.sim.calibrate import SKIP, steps_per_s  # noqa: E402
+from lrl.experiments.calibrate import SKIP, steps_per_s  # noqa: E402
 
 MODES = {
     "sync": [],

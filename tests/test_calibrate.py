@@ -1,10 +1,10 @@
-"""The simulator's calibration from run histories (lrl.sim.calibrate), on histories whose answers are known."""
+"""The simulator's calibration from run histories (lrl.experiments.calibrate), on histories whose answers are known."""
 
 from __future__ import annotations
 
 import pytest
 
-from lrl.sim.calibrate import (
+from lrl.experiments.calibrate import (
     async_train_time,
     compare,
     handoff,

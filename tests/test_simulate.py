@@ -395,3 +395,12 @@ def test_import_is_light():
         "assert not {'transformers', 'matplotlib', 'lightning'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_simulator_does_not_import_the_experiments():
+    """lrl.sim is the library the experiments use; importing it (command line included) pulls none of them in."""
+    code = (
+        "import sys, lrl.sim, lrl.sim.cli; "
+        "assert not [m for m in sys.modules if m.startswith('lrl.experiments')], sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from lrl.experiments.pipeline_report import markdown, plot
 from lrl.experiments.stats import mean, mean_se, median
-from lrl.sim.calibrate import (
+from lrl.experiments.calibrate import (
     SKIP,
     async_train_time,
     co_run_slowdown,
