@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from lrl.sim import agent_episode_durations, exponential_durations, harmonic, simulate_pipeline
 from lrl.sim.cli import main
+from lrl.sim.reference import scan_reference
 from lrl.sim.tables import DESIGNS, Setup, duration_lines, failure_lines, sync_lines, timeout_lines
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?%?")
@@ -109,62 +110,6 @@ def test_figure_13_1_durations(durations):
 
 # ----------------------------------------------------------------------------------------------------------
 # Agreement with a slot-scanning reference of the same rules
-
-
-def scan_reference(durs, n_slots, batch, train_time, sync_time, eta, interrupt, steps):
-    """The simulator's rules, written plainly: O(n_slots) per event, every in-flight end pushed back at a sync."""
-    todo = [float(x) for x in durs]
-    slots: list[list | None] = [None] * n_slots  # [end, start, version, duration, start order]
-    now, version, launched = 0.0, 0, 0
-    ready, log, ages, lengths = [], [], [], []
-    step_end = sync_end = None
-    sync_wanted = False
-    while version < steps:
-        if sync_end is None and not (sync_wanted and not interrupt):
-            for i in range(n_slots):
-                if slots[i] is None and launched < (version + 1 + eta) * batch:
-                    slots[i] = [now + todo[launched], now, version, todo[launched], launched]
-                    launched += 1
-        if step_end is None and sync_end is None and not sync_wanted and len(ready) >= batch:
-            for v, d in ready[:batch]:
-                ages.append(version - v)
-                lengths.append(d)
-            ready = ready[batch:]
-            step_end = now + train_time
-            log.append(("train", 0, now, step_end, version))
-        candidates = [s[0] for s in slots if s is not None] + [
-            x for x in (step_end, sync_end) if x is not None
-        ]
-        now = min(candidates)
-        if sync_end == now:
-            sync_end, version = None, version + 1
-        if step_end == now:
-            step_end, sync_wanted = None, True
-        finished = sorted((s[4], i) for i, s in enumerate(slots) if s is not None and s[0] == now)
-        for _, i in finished:
-            end, start, v, d, _ = slots[i]
-            slots[i] = None
-            ready.append((v, d))
-            log.append(("gen", i, start, end, v))
-        if sync_wanted and (interrupt or all(s is None for s in slots)):
-            sync_wanted, sync_end = False, now + sync_time
-            log.append(("sync", 0, now, sync_end, version))
-            for s in slots:
-                if s is not None:
-                    s[0] += sync_time
-    busy = 0
-    for kind, _, start, end, _ in log:
-        if kind == "gen":
-            busy += end - start
-    return dict(
-        events=log,
-        time=now,
-        throughput=steps * batch / now * 3600,
-        gen_util=busy / (n_slots * now),
-        staleness_mean=torch.tensor(ages, dtype=torch.float32).mean().item(),
-        staleness_max=max(ages),
-        trained_duration=sum(lengths) / len(lengths),
-    )
 
 
 @st.composite
