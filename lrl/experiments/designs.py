@@ -1,0 +1,297 @@
+"""The chapter's five pipeline designs run for real on TinyAgent with slow, long-tailed tools, and the pipeline
+simulator calibrated from each run and checked against it.
+
+    python -m lrl.experiments.pipeline --designs chapter --repeats 3 --json results/designs/hard.json
+    python -m lrl.experiments.pipeline --designs chapter --repeats 3 --staleness-drop false --json FILE
+    python -m lrl.experiments.pipeline --designs chapter --report --json FILE   # the table again
+
+Every run is ``python train.py`` with 64 slots in one rollout engine, 8 tasks x 8 episodes a step, and every
+environment step delayed by ``--tool-latency lognormal:0.3:1.0`` (median 0.3 s, sigma 1: the chapter's duration
+model has a log-normal tool latency with sigma 1; two tool calls an episode make a mean of about 1 s and a 99th
+percentile of about 4.5 s, so a synchronous step waits for a straggler several times the mean). The designs:
+
+- synchronous: ``--pipeline sync --slots 64``: the batch generated concurrently, then trained;
+- one step ahead, drain: ``--pipeline async --max-staleness 1 --partial-rollouts drain``;
+- async, bound 1 / 2, partial: ``--max-staleness 1`` / ``2`` with ``--partial-rollouts interrupt``;
+- async, bound 4, drain: ``--max-staleness 4 --partial-rollouts drain``.
+
+The simulator (:func:`lrl.sim.board.simulate_board`, the pipeline as lrl runs it) predicts each run from what was
+measured in that run only: the wall time of every episode in the order they started (``time/finished_seconds``;
+episodes still in flight at the end are drawn again from the measured ones, in order), the trainer's seconds per
+step outside waiting for data, and the workers' weight-load time. Nothing is fitted to the predicted quantities.
+
+Measured and predicted quantities are taken the same way: episodes per second are the episodes trained after
+step ``SKIP`` over the wall time from the end of step ``SKIP`` to the last; slot utilisation is the summed wall
+time of the episodes that ended in that window over slots x window; staleness is per trained token.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lrl.experiments.stats import median
+
+SKIP = 2  # steps left out of a rate: the first ones include starting the workers
+SLOTS = 64
+GROUP = 8  # episodes per task
+GROUPS = 8  # tasks per step
+LATENCY = "lognormal:0.3:1.0"
+STEPS = 20
+
+DESIGNS: dict[str, dict] = {
+    "synchronous": {"flags": ["--pipeline", "sync"], "eta": 0, "interrupt": True, "sync": True},
+    "one step ahead, drain": {
+        "flags": ["--pipeline", "async", "--max-staleness", "1", "--partial-rollouts", "drain"],
+        "eta": 1,
+        "interrupt": False,
+    },
+    "async eta=1, partial": {
+        "flags": ["--pipeline", "async", "--max-staleness", "1", "--partial-rollouts", "interrupt"],
+        "eta": 1,
+        "interrupt": True,
+    },
+    "async eta=2, partial": {
+        "flags": ["--pipeline", "async", "--max-staleness", "2", "--partial-rollouts", "interrupt"],
+        "eta": 2,
+        "interrupt": True,
+    },
+    "async eta=4, drain": {
+        "flags": ["--pipeline", "async", "--max-staleness", "4", "--partial-rollouts", "drain"],
+        "eta": 4,
+        "interrupt": False,
+    },
+}
+
+RUN_FLAGS = [
+    "--slots",
+    str(SLOTS),
+    "--tool-latency",
+    LATENCY,
+    "--tasks-per-step",
+    str(GROUPS),
+    "--episodes-per-task",
+    str(GROUP),
+    "--max-steps",
+    str(STEPS),
+    "--eval-every",
+    "100000",
+    "--eval-at-start",
+    "false",
+    "--eval-episodes",
+    "1",
+    "--checkpoint-every",
+    "0",
+    "--progress",
+    "false",
+    "--threads",
+    "1",
+]
+
+
+def run_flags(design: str, repeat: int, drop: bool) -> list[str]:
+    spec = DESIGNS[design]
+    flags = [*RUN_FLAGS, *spec["flags"], "--seed", str(repeat)]
+    if not spec.get("sync"):
+        flags += ["--staleness-drop", "true" if drop else "false"]
+    return flags
+
+
+def run_once(design: str, repeat: int, drop: bool, out: Path, extra: list[str]) -> dict:
+    """One train.py run of a design -> {design, repeat, history, wall_s}; an earlier run's history is reused."""
+    name = f"{design.replace(' ', '_').replace(',', '').replace('=', '')}-r{repeat}"
+    history = out / "histories" / f"{name}.jsonl"
+    history.parent.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    if not history.exists():
+        tmp = history.with_suffix(".partial")
+        tmp.unlink(missing_ok=True)
+        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop), *extra]
+        cmd += ["--log-dir", str(out / "runs"), "--run-name", name, "--history-file", str(tmp)]
+        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name}: train.py exited {done.returncode}: {done.stderr.strip()[-800:]}")
+        tmp.rename(history)
+    lines = [json.loads(x) for x in history.read_text().splitlines() if x.strip()]
+    return {"design": design, "repeat": repeat, "history": lines, "wall_s": time.time() - start}
+
+
+# -- what a run measured ------------------------------------------------------------------------------------
+def durations(history: list[dict]) -> list[float]:
+    """Every finished episode's wall time, in the order the episodes started."""
+    pairs = sorted((int(i), s) for h in history for i, s in h.get("time/finished_seconds", []))
+    return [s for _, s in pairs]
+
+
+def trainer_seconds(history: list[dict], sync: bool) -> float:
+    """The trainer's seconds per step outside getting its data (from step SKIP on)."""
+    ends = [h["time/end"] for h in history]
+    wait = "time/sample" if sync else "pipeline/trainer_wait"
+    return statistics.fmean([b - a - h[wait] for a, b, h in zip(ends, ends[1:], history[1:])][SKIP:])
+
+
+def switch_seconds(history: list[dict]) -> float:
+    values = [h["time/worker_sync"] for h in history if h.get("time/worker_sync")]
+    return statistics.fmean(values) if values else 0.0
+
+
+def token_hist(history: list[dict]) -> list[float]:
+    """Trained tokens per staleness, normalised."""
+    counts: list[int] = []
+    for h in history:
+        for k, c in enumerate(h.get("staleness_counts") or [_sync_tokens(h)]):
+            counts.extend([0] * (k + 1 - len(counts)))
+            counts[k] += c
+    total = sum(counts)
+    return [c / total for c in counts] if total else []
+
+
+def _sync_tokens(h: dict) -> int:
+    """A synchronous step's trained tokens (all of staleness 0)."""
+    return int(round(h["train/action_tokens"] * GROUP * GROUPS))
+
+
+def measured(run: dict) -> dict:
+    h = run["history"]
+    ends = [x["time/end"] for x in h]
+    window = ends[-1] - ends[SKIP]
+    trained = sum(len(x.get("trained_ids", [])) or GROUP * GROUPS for x in h[SKIP + 1 :])
+    finished = [s for x in h[SKIP + 1 :] for _, s in x.get("time/finished_seconds", [])]
+    trained_s = [s for x in h for s in x.get("time/episode_seconds", [])] or durations(h)
+    hist = token_hist(h)
+    return {
+        "episodes_per_s": trained / window,
+        "slot_util": sum(finished) / (SLOTS * window),
+        "staleness_mean": sum(k * p for k, p in enumerate(hist)),
+        "staleness_max": max(k for k, p in enumerate(hist) if p > 0),
+        "staleness_hist": hist,
+        "trained_duration": statistics.fmean(trained_s),
+        "launched_duration": statistics.fmean(durations(h)),
+        "dropped": int(sum(x.get("pipeline/dropped", 0) for x in h)),
+    }
+
+
+def predicted(run: dict, drop: bool) -> dict:
+    """The simulator's prediction of a run from the run's own measured durations, trainer time and loads."""
+    from lrl.sim.board import simulate_board
+
+    spec = DESIGNS[run["design"]]
+    h = run["history"]
+    sync = bool(spec.get("sync"))
+    sim = simulate_board(
+        durations(h),
+        SLOTS,
+        GROUP,
+        GROUPS,
+        trainer_seconds(h, sync),
+        switch_seconds(h),
+        spec["eta"],
+        spec["interrupt"],
+        STEPS,
+        drop=drop,
+        sync_before=sync,
+    )
+    ends = sim["step_ends"]
+    window = ends[-1] - ends[SKIP]
+    return {
+        "episodes_per_s": sum(sim["step_trained"][SKIP + 1 :]) / window,
+        "slot_util": sim["slot_util"],
+        "staleness_mean": sim["staleness_mean"],
+        "staleness_max": sim["staleness_max"],
+        "staleness_hist": sim["staleness_hist"],
+        "trained_duration": sim["trained_duration"],
+        "dropped": sim["dropped"],
+        "inputs": {
+            "durations": len(durations(h)),
+            "train_s": trainer_seconds(h, sync),
+            "switch_s": switch_seconds(h),
+        },
+    }
+
+
+def total_variation(p: list[float], q: list[float]) -> float:
+    n = max(len(p), len(q))
+    p = p + [0.0] * (n - len(p))
+    q = q + [0.0] * (n - len(q))
+    return 0.5 * sum(abs(a - b) for a, b in zip(p, q))
+
+
+def summarise(runs: list[dict], drop: bool) -> list[dict]:
+    """One object per design: medians over repeats of what was measured and what was predicted."""
+    rows = []
+    for design in DESIGNS:
+        mine = [r for r in runs if r["design"] == design]
+        if not mine:
+            continue
+        m = [measured(r) for r in mine]
+        p = [predicted(r, drop) for r in mine]
+        rows.append(
+            {
+                "design": design,
+                "staleness_drop": drop,
+                "repeats": len(mine),
+                "measured_episodes_per_s": median([x["episodes_per_s"] for x in m]),
+                "predicted_episodes_per_s": median([x["episodes_per_s"] for x in p]),
+                "measured_slot_util": median([x["slot_util"] for x in m]),
+                "predicted_slot_util": median([x["slot_util"] for x in p]),
+                "measured_staleness_mean": median([x["staleness_mean"] for x in m]),
+                "predicted_staleness_mean": median([x["staleness_mean"] for x in p]),
+                "measured_staleness_max": max(x["staleness_max"] for x in m),
+                "predicted_staleness_max": max(x["staleness_max"] for x in p),
+                "staleness_tv": median(
+                    [total_variation(a["staleness_hist"], b["staleness_hist"]) for a, b in zip(m, p)]
+                ),
+                "measured_trained_duration": median([x["trained_duration"] for x in m]),
+                "predicted_trained_duration": median([x["trained_duration"] for x in p]),
+                "measured_launched_duration": median([x["launched_duration"] for x in m]),
+                "measured_dropped": sum(x["dropped"] for x in m),
+                "predicted_dropped": sum(x["dropped"] for x in p),
+                "per_repeat": [
+                    {"measured": {k: v for k, v in a.items() if k != "staleness_hist"}, "predicted": b}
+                    for a, b in zip(m, p)
+                ],
+            }
+        )
+    return rows
+
+
+def main(args, extra: list[str]) -> int:
+    """``python -m lrl.experiments.pipeline --designs chapter``: run (or reuse), summarise, report."""
+    from lrl.experiments.designs_report import markdown, plot, projection
+
+    drop = args.staleness_drop
+    out = Path(args.out or f"results/designs/{'hard' if drop else 'throttle'}")
+    runs = []
+    if not args.report:
+        for repeat in range(args.repeats):
+            for design in DESIGNS:
+                run = run_once(design, repeat, drop, out, extra)
+                runs.append(run)
+                print(
+                    f"  {design:24s} repeat {repeat}: {measured(run)['episodes_per_s']:.2f} episodes/s",
+                    flush=True,
+                )
+    else:
+        for path in sorted((out / "histories").glob("*.jsonl")):
+            design = next(
+                d
+                for d in DESIGNS
+                if path.name.startswith(d.replace(" ", "_").replace(",", "").replace("=", ""))
+            )
+            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            runs.append({"design": design, "repeat": int(path.stem.rsplit("-r", 1)[1]), "history": lines})
+    rows = summarise(runs, drop)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    table = markdown(rows)
+    print(table)
+    (out / "table.md").write_text(table)
+    plot(rows, out / "designs.png")
+    print(projection(runs))
+    print(f"wrote {out / 'table.md'}, {out / 'designs.png'}" + (f", {args.json}" if args.json else ""))
+    return 0

@@ -1,0 +1,120 @@
+"""Tables, figure and projection of the five-designs experiment (:mod:`lrl.experiments.designs`)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+COLUMNS = [
+    ("episodes/s", "episodes_per_s", "{:.2f}"),
+    ("slot util", "slot_util", "{:.2f}"),
+    ("staleness mean", "staleness_mean", "{:.2f}"),
+    ("staleness max", "staleness_max", "{:d}"),
+    ("trained episode (s)", "trained_duration", "{:.2f}"),
+]
+
+
+def markdown(rows: list[dict]) -> str:
+    """One line per design: measured / predicted for each quantity, the TV distance, the ratio to sync."""
+    sync = next((r["measured_episodes_per_s"] for r in rows if r["design"] == "synchronous"), None)
+    head = ["design", *[c[0] + " (meas. / pred.)" for c in COLUMNS], "TV", "x sync", "error", "dropped"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["design"]]
+        for _, key, fmt in COLUMNS:
+            cells.append(f"{fmt.format(r['measured_' + key])} / {fmt.format(r['predicted_' + key])}")
+        cells.append(f"{r['staleness_tv']:.3f}")
+        cells.append(f"{r['measured_episodes_per_s'] / sync:.2f}" if sync else "")
+        error = r["predicted_episodes_per_s"] / r["measured_episodes_per_s"] - 1
+        cells.append(f"{100 * error:+.1f}%")
+        cells.append(f"{r['measured_dropped']} / {r['predicted_dropped']}")
+        out.append("| " + " | ".join(cells) + " |")
+    launched = [r["measured_launched_duration"] for r in rows]
+    out.append("")
+    out.append(
+        f"Median of {rows[0]['repeats']} repeats per design; staleness max is the largest over repeats. "
+        f"Mean duration of every episode that finished (launched): {min(launched):.2f}-{max(launched):.2f} s."
+    )
+    return "\n".join(out) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["design"] for r in rows]
+    x = range(len(rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    w = 0.38
+    left.bar([i - w / 2 for i in x], [r["measured_episodes_per_s"] for r in rows], w, label="measured")
+    left.bar([i + w / 2 for i in x], [r["predicted_episodes_per_s"] for r in rows], w, label="predicted")
+    left.set_ylabel("trained episodes per second")
+    right.bar([i - w / 2 for i in x], [r["measured_staleness_mean"] for r in rows], w, label="mean, measured")
+    right.bar(
+        [i + w / 2 for i in x], [r["predicted_staleness_mean"] for r in rows], w, label="mean, predicted"
+    )
+    right.plot(list(x), [r["measured_staleness_max"] for r in rows], "k^", label="max, measured")
+    right.plot(list(x), [r["predicted_staleness_max"] for r in rows], "rv", label="max, predicted")
+    right.set_ylabel("token staleness (versions)")
+    for ax in (left, right):
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        "Five pipeline designs on TinyAgent with slow tools: measured against the calibrated simulator"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def projection(runs: list[dict]) -> str:
+    """The designs at more slots and workers, from the pooled measured inputs: where the trainer is the limit.
+
+    The batch grows with the slots (a batch a step per 64 slots, as measured); the trainer's step time is taken
+    to grow in proportion to its batch, so the trainer can take at most 64 / t64 episodes a second whatever the
+    size, while generation capacity grows with the slots."""
+    from lrl.experiments.designs import DESIGNS, GROUP, STEPS, durations, switch_seconds, trainer_seconds
+    from lrl.sim.board import simulate_board
+
+    pool = [d for r in runs if not DESIGNS[r["design"]].get("sync") for d in durations(r["history"])]
+    async_runs = [r for r in runs if not DESIGNS[r["design"]].get("sync")]
+    t64 = statistics.median([trainer_seconds(r["history"], False) for r in async_runs])
+    switch = statistics.median([switch_seconds(r["history"]) for r in async_runs])
+    mean_d = statistics.fmean(pool)
+    lines = [
+        f"Projection from the measured inputs ({len(pool)} episode durations, mean {mean_d:.2f} s; trainer "
+        f"{t64:.3f} s per 64 episodes, so at most {64 / t64:.0f} episodes/s; weight load {1000 * switch:.1f} ms):",
+        "",
+        "| slots per worker x workers | batch | generation capacity (episodes/s) | "
+        + " | ".join(DESIGNS)
+        + " |",
+        "|" + "---|" * (3 + len(DESIGNS)),
+    ]
+    for slots, workers in [(64, 1), (256, 1), (1024, 1), (64, 4), (64, 16), (1024, 4)]:
+        batch = slots * workers
+        groups = batch // GROUP
+        cells = []
+        for spec in DESIGNS.values():
+            sim = simulate_board(
+                pool,
+                slots,
+                GROUP,
+                groups,
+                t64 * batch / 64,
+                switch,
+                spec["eta"],
+                spec["interrupt"],
+                STEPS,
+                workers=workers,
+                sync_before=bool(spec.get("sync")),
+            )
+            busy = sum(sim["step_trained"]) / batch * t64 * batch / 64 / sim["time"]
+            cells.append(f"{sim['episodes_per_s']:.0f}" + (" (trainer-bound)" if busy > 0.9 else ""))
+        lines.append(
+            f"| {slots} x {workers} | {batch} | {slots * workers / mean_d:.0f} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
