@@ -203,6 +203,23 @@ class Config:
         le=1,
         scope="sampler",
     )
+    vllm_dtype: str = option(
+        "float32",
+        "dtype of the vLLM engine's weights (float32: the engine agrees with the fp32 trainer to ~1e-6, so what "
+        "is measured is the sampler's own mismatch; bfloat16: what a GPU deployment runs)",
+        choices=("float32", "bfloat16"),
+        scope="sampler",
+    )
+    vllm_kv_cache: int = option(
+        64, "MiB of KV cache the vLLM engine allocates", ge=1, le=1_048_576, scope="sampler"
+    )
+    sync_every: int = option(
+        1,
+        "push the trainer's weights into the engine only every K updates (staleness cycles 0 .. K-1)",
+        ge=1,
+        le=10_000,
+        scope="sampler",
+    )
     top_k: int = option(
         0, "sample among the k most likely tokens (0: off)", ge=0, le=MAX_INT, scope="sampler"
     )

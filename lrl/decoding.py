@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -32,6 +32,39 @@ class Decoder(Protocol):
     def release(self, keys: Sequence[int]) -> None: ...
 
     def reset(self) -> None: ...
+
+
+@dataclass
+class Produced:
+    """What an engine produced for one episode in one step: new tokens, their log-probs, whether the action ended."""
+
+    tokens: list[int]
+    logps: list[float]
+    finished: bool
+
+
+@runtime_checkable
+class TurnEngine(Protocol):
+    """An inference engine that samples whole actions itself (vLLM), the other kind of decode path.
+
+    - ``submit(key, ids, max_tokens, seed)``: start generating an action after the episode's tokens ``ids``, at
+      most ``max_tokens`` long, ending at the tokenizer's eos (which the action includes);
+    - ``step()``: one engine step for every action in flight -> ``{key: Produced}`` for those that advanced;
+      the log-probs are those of the distribution each token was sampled from;
+    - ``abort(keys)``: stop those actions (their partial tokens are kept by the caller);
+    - ``release(keys)``: those episodes ended (a no-op unless an action is somehow still in flight);
+    - ``running``: the keys with an action in flight.
+    """
+
+    running: set
+
+    def submit(self, key: int, ids: Sequence[int], max_tokens: int, seed: int) -> None: ...
+
+    def step(self) -> dict[int, Produced]: ...
+
+    def abort(self, keys: Sequence[int]) -> None: ...
+
+    def release(self, keys: Sequence[int]) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ class Entry:
     check: Callable | None = None
     help: str = ""
     defaults: tuple[tuple[str, object], ...] = ()  # config values this entry sets where the user set none
+    check_model: Callable | None = None  # (cfg, model) -> problems: a model the entry cannot run
 
 
 class Registry(Mapping):
@@ -49,11 +50,21 @@ class Registry(Mapping):
         self.kind = kind
         self.entries: dict[str, Entry] = {}
 
-    def register(self, name: str, *, uses=(), check: Callable | None = None, help: str = "", defaults=None):
+    def register(
+        self,
+        name: str,
+        *,
+        uses=(),
+        check: Callable | None = None,
+        help: str = "",
+        defaults=None,
+        check_model: Callable | None = None,
+    ):
         """Decorator: make `fn` available under `name`; a name registered twice is an error.
 
         ``uses``: the config keys the entry reads; ``check(cfg) -> list[str]``: its own rules, as problems;
-        ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit).
+        ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit);
+        ``check_model(cfg, model) -> list[str]``: models it cannot run (checked before the run starts).
         """
         if not isinstance(name, str) or not name.isidentifier():
             raise RegistryError(f"{self.kind} name {name!r} must be an identifier (letters, digits, _)")
@@ -63,7 +74,8 @@ class Registry(Mapping):
                 where = getattr(self.entries[name].factory, "__module__", "?")
                 raise RegistryError(f"{self.kind} {name!r} is registered twice (first by {where})")
             doc = help or (fn.__doc__ or "").strip().split("\n")[0]
-            self.entries[name] = Entry(name, fn, tuple(uses), check, doc, tuple((defaults or {}).items()))
+            defaults_ = tuple((defaults or {}).items())
+            self.entries[name] = Entry(name, fn, tuple(uses), check, doc, defaults_, check_model)
             return fn
 
         return add

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from lrl.decoding import Decoder, Sampling, TrainerStyleDecoder, sample_tokens
+from lrl.decoding import Decoder, Sampling, TrainerStyleDecoder, TurnEngine, sample_tokens
 from lrl.envs.workers import InlineTools, RealClock
 
 GENERATING = "generating"  # decoding its current action
@@ -244,6 +244,9 @@ class Rollout:
             slot.action = []
 
     def _decode(self, keys: list[int]) -> None:
+        if isinstance(self.decoder, TurnEngine):
+            self._engine_step(keys)
+            return
         start = time.monotonic()
         rows = []
         for key in keys:
@@ -257,6 +260,33 @@ class Rollout:
             slot.episode.extend([t], True, [lp], self.version)
             slot.action.append(t)
             if t == self.stop or len(slot.action) >= self.budget:  # the action is complete
+                slot.episode.actions.append(slot.action)
+                slot.phase = BARRIER
+                if not self.lockstep:
+                    self._submit(key)
+        self.decode_steps += 1
+        self.clock.tick()
+        spent = time.monotonic() - start
+        self.decode_seconds += spent
+        for key in keys:
+            self.slots[key].episode.generating_seconds += spent
+
+    def _engine_step(self, keys: list[int]) -> None:
+        """One step of an engine that samples actions itself: start the actions of episodes that have none in
+        flight (new turns, or after a weight switch, with the tokens so far), advance all, take what it made."""
+        start = time.monotonic()
+        engine = self.decoder
+        for key in keys:
+            if key not in engine.running:
+                slot = self.slots[key]
+                seed = int(torch.randint(2**31 - 1, (), generator=self.generator))
+                engine.submit(key, slot.episode.ids, self.budget - len(slot.action), seed)
+        produced = engine.step()
+        for key, made in produced.items():
+            slot = self.slots[key]
+            slot.episode.extend(made.tokens, True, made.logps, self.version)
+            slot.action.extend(made.tokens)
+            if made.finished or len(slot.action) >= self.budget:
                 slot.episode.actions.append(slot.action)
                 slot.phase = BARRIER
                 if not self.lockstep:
@@ -299,7 +329,10 @@ class Rollout:
         """The decoder's weights changed (to `version`) at this token boundary: later tokens are tagged with it,
         and the next one is drawn from logits the new weights compute (caches are dropped, sequences re-fed)."""
         self.version = version
-        self.decoder.reset()
+        if isinstance(self.decoder, TurnEngine):  # actions in flight restart from their tokens so far
+            self.decoder.abort(list(self.decoder.running))
+        else:
+            self.decoder.reset()
         for slot in self.slots.values():
             slot.fed = 0
 

@@ -76,6 +76,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     from lrl.module import OffPolicyModule
     from lrl.policy import DEFAULT_SIZE, check_vocabulary, make_policy
     from lrl.preflight import check_model, check_tokenizer
+    from lrl.registry import SAMPLERS
     from lrl.runs import check_paths, clean_stale_temporaries, open_run
     from lrl.sources import make_source
 
@@ -89,6 +90,13 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     if loaded is None:
         loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=cfg.seed)
     check_model(cfg, spec, loaded)
+    sampler_entry = SAMPLERS[cfg.sampler]
+    if (
+        sampler_entry.check_model is not None
+    ):  # a model the sampler cannot run (an engine's head sizes, its cache)
+        problems = sampler_entry.check_model(cfg, spec, loaded)
+        if problems:
+            raise ConfigError("; ".join(problems))
     try:
         check_vocabulary(loaded, spec.tok)
     except ValueError as err:

@@ -3,7 +3,8 @@
 The built-in names are presets of three orthogonal choices (see samplers/base.py): ``onpolicy`` samples
 with the trainer's module itself; ``lagged`` with the weights ``cfg.lag`` updates old; ``fp8`` with weights
 rounded to float8 (optionally also ``cfg.lag`` old); ``engine`` decodes engine-style (KV cache, its own
-dtype; see samplers/engine.py), composable with ``cfg.lag`` and FP8 (``cfg.engine_fp8``).
+dtype; see samplers/engine.py), composable with ``cfg.lag`` and FP8 (``cfg.engine_fp8``); ``vllm`` samples on a real
+vLLM engine (samplers/vllm.py), composable with the same two axes and ``cfg.sync_every``.
 
 A user's sampler registers the same way, from any module named in ``plugins``::
 
@@ -19,6 +20,7 @@ from lrl.registry import SAMPLERS
 from samplers.base import BehaviorSampler, OnPolicySampler, cpu_state
 from samplers.engine import EngineSampler
 from samplers.fp8 import fp8_transform, round_fp8
+from samplers.vllm import VLLMSampler, model_problems, vllm_missing
 
 register = SAMPLERS.register
 
@@ -61,6 +63,40 @@ def _engine(cfg, tok):
     return EngineSampler(tok, cfg.lag, transform, sampling(cfg), cfg.engine_dtype)
 
 
+def _vllm_check(cfg) -> list[str]:
+    missing = vllm_missing()
+    problems = [f"sampler: {missing}"] if missing else []
+    if cfg.fp8_scale != "none" and not cfg.engine_fp8:
+        problems.append(f"fp8_scale: {cfg.fp8_scale!r} applies to the engine only with engine_fp8: true")
+    return problems
+
+
+def _vllm_model_check(cfg, spec, model) -> list[str]:
+    return model_problems(model, cfg.vllm_kv_cache, cfg.vllm_dtype, spec.max_episode_tokens)
+
+
+@register(
+    "vllm",
+    uses=("lag", "fp8_scale", "engine_fp8", "top_p", "top_k", "vllm_dtype", "vllm_kv_cache", "sync_every"),
+    check=_vllm_check,
+    check_model=_vllm_model_check,
+)
+def _vllm(cfg, tok):
+    """a real vLLM engine, weights synced in place every sync_every updates, optionally FP8 and `lag` old"""
+    transform = fp8_transform(cfg.fp8_scale) if cfg.engine_fp8 else None
+    return VLLMSampler(
+        tok,
+        cfg.lag,
+        transform,
+        sampling(cfg),
+        cfg.vllm_dtype,
+        cfg.vllm_kv_cache,
+        cfg.sync_every,
+        cfg.seed,
+        cfg.model,
+    )
+
+
 def make_sampler(cfg, tok):
     """The sampler named by cfg.sampler (a registry entry), built for this run."""
     sampler = SAMPLERS.get(cfg.sampler).factory(cfg, tok)
@@ -72,6 +108,7 @@ __all__ = [
     "BehaviorSampler",
     "OnPolicySampler",
     "EngineSampler",
+    "VLLMSampler",
     "SAMPLERS",
     "register",
     "make_sampler",

@@ -295,6 +295,9 @@ class _Policy:
     def close(self) -> None:
         if self.rollout is not None:
             self.rollout.tools.close()
+        close = getattr(self.w.sampler, "close", None)  # an engine (vLLM) shuts down with the worker
+        if close is not None:
+            close()
 
 
 class FreeRunning(_Policy):

@@ -62,7 +62,9 @@ class SyncSource:
         self.sampler.sync(policy, version)
 
     def close(self) -> None:
-        pass
+        close = getattr(self.sampler, "close", None)  # an engine (vLLM) shuts down with the run
+        if close is not None:
+            close()
 
     # -- batches ----------------------------------------------------------------------------------------
     def failing_spec(self, made: list[FailureInjection]) -> EnvSpec:
