@@ -52,7 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", help="local save_pretrained directory of a causal LM (default: the TinyAgent RL base)"
     )
     p.add_argument("--new-tokens", type=int, default=32, help="tokens sampled per prompt")
+    p.add_argument(
+        "--sampler",
+        default="engine",
+        choices=("engine", "vllm"),
+        help="the engine: lrl's KV-cache imitation (engine) or a real vLLM engine (vllm)",
+    )
     p.add_argument("--engine-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument(
+        "--vllm-dtype",
+        default=None,
+        choices=("bfloat16", "float32"),
+        help="vLLM's dtype (default --engine-dtype)",
+    )
+    p.add_argument("--vllm-kv-cache", type=int, default=256, help="MiB of KV cache for vLLM")
+    p.add_argument(
+        "--random-model",
+        choices=sorted(RANDOM_SHAPES),
+        default=None,
+        help="instead of --model: a randomly initialised Qwen3 of this shape (qwen3-0.6b is Qwen3-0.6B's)",
+    )
     p.add_argument(
         "--trainer-batch",
         type=int,
@@ -88,12 +107,50 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_model(path: str | None, device: str):
-    """The fp32 model and its gym tokenizer: a local directory, or the cached TinyAgent RL base."""
+# shapes of randomly initialised Qwen3 models (transformers' Qwen3Config fields), for engines at a real size
+RANDOM_SHAPES = {
+    "qwen3-0.6b": dict(
+        vocab_size=151_936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-mini": dict(  # the same layer shape, 4 layers and a 32k vocabulary: minutes less on a CPU
+        vocab_size=32_768,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=4,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def random_model(shape: str, seed: int = 0):
+    """A randomly initialised Qwen3ForCausalLM of a named shape, in fp32."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Qwen3ForCausalLM(Qwen3Config(**RANDOM_SHAPES[shape])).float().eval()
+
+
+def load_model(path: str | None, device: str, shape: str | None = None):
+    """The fp32 model and its gym tokenizer: a local directory, a random model of a shape, or the RL base."""
     from lrl.envs.tinyagent import build_tokenizer, make_tasks
     from lrl.policy import load_policy
 
     tok = build_tokenizer(make_tasks("all"))
+    if shape is not None:
+        return random_model(shape).to(device), tok
     if path is None:
         from lrl.envs.tinyagent.base import make_rl_base
 
@@ -124,12 +181,16 @@ def measure(model, tok, args) -> dict:
     if dtype not in models:
         models[dtype] = low(dtype)
     engine = models[dtype]
-    check_device_dtype(engine, args.device, dtype)
     kw = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     start = time.perf_counter()
-    new_ids, engine_logp = engine_generate(
-        engine, prompts, args.new_tokens, torch.Generator().manual_seed(args.seed), tok.pad_id, **kw
-    )
+    if args.sampler == "vllm":
+        real = VLLMScorer(model, args)
+        new_ids, engine_logp = real.generate(prompts, batch=n_prompts)
+    else:
+        check_device_dtype(engine, args.device, dtype)
+        new_ids, engine_logp = engine_generate(
+            engine, prompts, args.new_tokens, torch.Generator().manual_seed(args.seed), tok.pad_id, **kw
+        )
     timings = {"engine_s": time.perf_counter() - start}
     batches = sorted({b if b > 0 else n_prompts for b in args.trainer_batch})
     scores = {}
@@ -149,15 +210,31 @@ def measure(model, tok, args) -> dict:
             comparisons[f"{SHORT[d]} trainer batch {b} vs batch {batches[-1]}"] = (
                 scores[(d, b)] - scores[(d, batches[-1])]
             )
+    same_prefix = {}
     if args.engine_batch is not None:
         sizes = sorted(set(args.engine_batch or [1, 10, n_prompts]))
-        rescored = {b: engine_score(engine, prompts, new_ids, tok.pad_id, batch_size=b, **kw) for b in sizes}
-        for b in sizes[:-1]:
-            comparisons[f"engine batch {b} vs batch {sizes[-1]}"] = rescored[b] - rescored[sizes[-1]]
+        if (
+            args.sampler == "vllm"
+        ):  # the same prompts and seeds decoded in batches of b: the engine's own drift
+            runs = {b: real.generate(prompts, batch=b) for b in sizes}
+            for b in sizes[:-1]:
+                diff, share = aligned_difference(runs[b], runs[sizes[-1]])
+                comparisons[f"vllm batch {b} vs batch {sizes[-1]}"] = diff
+                same_prefix[f"vllm batch {b} vs batch {sizes[-1]}"] = share
+        else:
+            rescored = {
+                b: engine_score(engine, prompts, new_ids, tok.pad_id, batch_size=b, **kw) for b in sizes
+            }
+            for b in sizes[:-1]:
+                comparisons[f"engine batch {b} vs batch {sizes[-1]}"] = rescored[b] - rescored[sizes[-1]]
+    if args.sampler == "vllm":
+        real.close()
     headline = f"{SHORT[torch.bfloat16]} trainer batch {batches[0]} vs engine"
     return {
-        "model": args.model or "TinyAgent RL base",
-        "engine_dtype": SHORT[dtype],
+        "model": args.model or (f"random {args.random_model}" if args.random_model else "TinyAgent RL base"),
+        "engine": "vllm" if args.sampler == "vllm" else "lrl imitation engine",
+        "same_tokens_share": same_prefix,
+        "engine_dtype": (args.vllm_dtype or args.engine_dtype) if args.sampler == "vllm" else SHORT[dtype],
         "fp32_head": args.fp32_head,
         "ragged": args.ragged,
         "top_p": args.top_p,
@@ -177,11 +254,71 @@ def measure(model, tok, args) -> dict:
     }
 
 
+def aligned_difference(a, b) -> tuple[torch.Tensor, float]:
+    """Log-prob differences of two generations of the same prompts, where they sampled the same tokens so far
+    (a token after the first divergence has another context): (differences [B, n] with 0 past it, share kept)."""
+    (ids_a, lp_a), (ids_b, lp_b) = a, b
+    same = (ids_a == ids_b).long().cumprod(-1).bool()  # [B, n] the prefix of equal tokens
+    return (lp_a - lp_b) * same, float(same.float().mean())
+
+
+class VLLMScorer:
+    """vLLM sampling fixed-length continuations of the gym prompts, in batches of a given size."""
+
+    def __init__(self, model, args):
+        from samplers.vllm import VLLMSampler, vllm_missing
+
+        missing = vllm_missing()
+        if missing:
+            raise ValueError(missing)
+        self.args = args
+        dtype = args.vllm_dtype or args.engine_dtype
+        if dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"--vllm-dtype: vLLM runs bfloat16 or float32 here, not {dtype}")
+        tok = type("Tok", (), {"eos_id": -1})()
+        self.sampler = VLLMSampler(tok, dtype=dtype, kv_cache_mib=args.vllm_kv_cache, seed=args.seed)
+        self.sampler.setup(model, 0)
+
+    def generate(self, prompts, batch: int):
+        """n tokens per prompt (eos does not stop it), each prompt with its own seed -> ids, log-probs [B, n]."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        a = self.args
+        ids, logps = [], []
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start : start + batch]
+            params = [
+                SamplingParams(
+                    temperature=a.temperature,
+                    top_p=a.top_p,
+                    top_k=a.top_k or -1,
+                    max_tokens=a.new_tokens,
+                    ignore_eos=True,  # not min_tokens: that masks eos, and mu would no longer be the model's
+                    logprobs=0,
+                    detokenize=False,
+                    seed=a.seed * 1000 + start + i,
+                )
+                for i in range(len(chunk))
+            ]
+            outs = self.sampler.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in chunk], params, use_tqdm=False
+            )
+            for out in outs:
+                made = out.outputs[0]
+                ids.append(list(made.token_ids))
+                logps.append([made.logprobs[j][t].logprob for j, t in enumerate(made.token_ids)])
+        return torch.tensor(ids), torch.tensor(logps)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
 def report(res: dict) -> str:
     """The comparison table, the probability-bin table and the ratio ranges, as text."""
     width = max(len(n) for n in res["comparisons"]) + 2
     lines = [
-        f"{res['model']} | engine {res['engine_dtype']} | fp32 head {res['fp32_head']} | ragged {res['ragged']}"
+        f"{res['model']} | {res['engine']} {res['engine_dtype']} | fp32 head {res['fp32_head']} | ragged {res['ragged']}"
         f" | top-p {res['top_p']}"
         f" | top-k {res['top_k']} | {res['prompts']} prompts x {res['new_tokens']} tokens = {res['tokens']}"
     ]
@@ -274,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         from samplers.engine import check_device, engine_dtype
 
         check_device(args.device, engine_dtype(args.engine_dtype))
-        model, tok = load_model(args.model, args.device)
+        model, tok = load_model(args.model, args.device, args.random_model)
         res = measure(model, tok, args)
     except ValueError as err:  # bad model path, dtype/device, context length, sampling option
         print(f"lrl.mismatch: error: {err}", file=sys.stderr)
