@@ -2,6 +2,7 @@
 
     python bench/bench_engine.py                   # the TinyAgent model size, CPU, one thread
     python bench/bench_engine.py --hidden 256 --layers 6 --threads 2
+    python bench/bench_engine.py --shape qwen3-0.6b --device cuda --dtype bfloat16 --prompts 30 --new-tokens 32
 
 - engine:    samplers.engine.engine_generate (left-padded prefill, then one decode step per token);
 - recompute: a full forward over every (right-padded) sequence at every step, the trainer-style decoder;
@@ -35,7 +36,8 @@ def recompute_generate(model, prompts, new_tokens, generator, pad_id):
     ids, logps = [], []
     for _ in range(new_tokens):
         batch, mask = pad_right(seqs, pad_id)  # [B, T]
-        logits = model(input_ids=batch, attention_mask=mask).logits  # [B, T, V]
+        device = next(model.parameters()).device
+        logits = model(input_ids=batch.to(device), attention_mask=mask.to(device)).logits.cpu()  # [B, T, V]
         logp = torch.log_softmax(logits[rows, mask.sum(-1) - 1].float(), dim=-1)  # [B, V]
         token = torch.multinomial(logp.exp(), 1, generator=generator)  # [B, 1]
         ids.append(token.squeeze(1))
@@ -68,8 +70,12 @@ def hf_generate(model, prompts, new_tokens, pad_id):
         return_dict_in_generate=True,
         output_scores=True,
     )
+    device = next(model.parameters()).device
     out = model.generate(
-        input_ids=ids, attention_mask=mask, generation_config=config, cache=DynamicCache(config=model.config)
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        generation_config=config,
+        cache=DynamicCache(config=model.config),
     )
     return out.sequences[:, ids.shape[1] :]
 
@@ -96,6 +102,9 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=None, help="layers (default: the TinyAgent size, 3)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of engine and generate; best kept")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--shape", default=None, help="a random Qwen3 of a named shape instead (e.g. qwen3-0.6b)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     tok = build_tokenizer(make_tasks("all"))
@@ -104,7 +113,13 @@ def main(argv=None) -> None:
         size.update(hidden_size=args.hidden, intermediate_size=3 * args.hidden, head_dim=args.hidden // 4)
     if args.layers:
         size["num_hidden_layers"] = args.layers
-    model = make_policy(tok, **size)
+    if args.shape:
+        from lrl.tools.mismatch import random_model
+
+        model = random_model(args.shape)
+    else:
+        model = make_policy(tok, **size)
+    model = model.to(device=args.device, dtype=getattr(torch, args.dtype))
     tasks = make_tasks("all")
     prompts = gym_prompts(tok, [tasks[i % len(tasks)] for i in range(args.prompts)])
     prompts = ragged(prompts)  # unequal lengths: real left padding
@@ -112,7 +127,8 @@ def main(argv=None) -> None:
     params = sum(p.numel() for p in model.parameters())
     print(
         f"{args.prompts} prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens) x {n} new tokens | "
-        f"{params / 1e3:.0f}k parameters | {args.threads} thread(s) | best of {args.repeats} rounds"
+        f"{params / 1e3:.0f}k parameters | {args.device} {args.dtype} | {args.threads} thread(s) | "
+        f"best of {args.repeats} rounds"
     )
     with torch.no_grad():
         engine_generate(model, prompts[:4], 4, torch.Generator().manual_seed(0), tok.pad_id)  # warm-up
