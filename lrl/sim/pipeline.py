@@ -1,4 +1,4 @@
-"""A discrete-event simulator of a rollout pipeline, heap-based (docs/simulate.md).
+"""A discrete-event simulator of a rollout pipeline (docs/simulate.md).
 
 `n_slots` generation slots run one episode each; one trainer consumes `batch_size` finished episodes per
 step in `train_time` seconds; a weight sync of `sync_time` seconds follows every step and pauses all
@@ -13,129 +13,36 @@ generation. Time jumps from event to event. The rules, in the order they are app
    the episodes started); a requested sync starts at once (partial rollouts: in-flight episodes pause and
    end sync_time later) or, in drain mode, once no episode is in flight.
 
-Cost: running episodes sit in binary heaps keyed by end time, free slots in a heap of slot ids, so an
-event costs O(log n_slots). A sync does not touch the episodes it pauses. Each heap ("lane") holds the
-episodes started between two syncs, keyed by their end time as of their start; a lane's current end times
-are its keys pushed back once per sync since, so only the front of each lane is updated. That addition is
-done one sync at a time, the same float operations as pushing every episode back, so results agree with
-the eager rule to the last bit. The number of live lanes is bounded by how many syncs an episode spans.
+Cost: episodes in flight sit in a heap and in sorted arrays keyed by end time (lrl/sim/inflight.py), free
+slots in a heap of slot ids, so one event costs O(log n_slots). Between two moments where anything but an
+episode end can happen, episode ends are handled in bulk with numpy: if the next episodes to start are at
+least m seconds long, nothing started from now on ends before now + m, so every end before then (and
+before the training step ends) can be taken at once, in order, with the rules applied to the whole batch
+(`_Pipeline.bulk_step`). Every float is computed by the same operations in the same order as one event at a
+time would, so results agree with the plain rules to the last bit (lrl/sim/reference.py, tests).
 """
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
-from collections import deque
+from itertools import repeat
 from typing import Any
 
+import numpy as np
 import torch
 
 from lrl.sim.checks import check_args, check_durations
-from lrl.sim.durations import failure_draws
+from lrl.sim.feed import Feed
+from lrl.sim.finished import Finished
+from lrl.sim.inflight import InFlight
 
 Event = tuple[str, int, float, float, int]  # (kind, slot, start s, end s, version); kind gen|fail|train|sync
 
-
-class _Feed:
-    """The durations, handed out in order and converted from the tensor one chunk at a time.
-
-    Each item is (seconds the slot is busy, the episode's duration, truncated by the timeout?, failed?).
-    """
-
-    def __init__(self, durations, chunk, bound, timeout, failure_mtbf, failure_generator):
-        self.src = durations
-        self.chunk = max(int(chunk), 1)
-        self.bound = bound
-        self.timeout = timeout
-        self.mtbf = failure_mtbf
-        self.gen = failure_generator
-        self.pos = 0
-        self.items = []
-        self.i = 0
-
-    def _refill(self, started: int) -> None:
-        if self.pos >= len(self.src):
-            most = f"; these settings start at most {self.bound:,} episodes" if self.bound else ""
-            raise ValueError(
-                f"durations: the run needs more than the {len(self.src):,} given ({started:,} started so far{most})"
-            )
-        raw = self.src[self.pos : self.pos + self.chunk]  # [c]
-        self.pos += len(raw)
-        d = raw if self.timeout is None else raw.clamp(max=self.timeout)
-        cut = [False] * len(raw) if self.timeout is None else (raw > self.timeout).tolist()
-        if self.mtbf is None:
-            busy = d.tolist()
-            failed = [False] * len(raw)
-        else:
-            hit, stop_s = failure_draws(d, self.mtbf, self.gen)
-            busy = torch.where(hit, stop_s, d.double()).tolist()
-            failed = hit.tolist()
-        self.items = list(zip(busy, d.tolist(), cut, failed))
-        self.i = 0
-
-    def next(self, started: int) -> tuple[float, float, bool, bool]:
-        if self.i == len(self.items):
-            self._refill(started)
-        self.i += 1
-        return self.items[self.i - 1]
-
-
-def _pushed_back(end: float, syncs: int, sync_time: float) -> float:
-    """An end time pushed back by `syncs` syncs, one addition per sync (the eager rule's float ops)."""
-    for _ in range(syncs):
-        end += sync_time
-    return end
-
-
-def _pop_due(lane: list, syncs: int, sync_time: float, t: float, out: list) -> float:
-    """Move the episodes of one lane that end at t into `out`; return the lane's next end (inf if empty)."""
-    while lane:
-        now = _pushed_back(lane[0][0], syncs, sync_time)
-        if now != t:
-            return now
-        out.append(heapq.heappop(lane))
-    return math.inf
-
-
-def _due(lanes: dict[int, list], fronts: dict[int, float], syncs: int, sync_time: float, t: float) -> list:
-    """Pop every running episode that ends at t from all lanes, in the order they started -> entries."""
-    done: list = []
-    for lane_syncs in [s for s, end in fronts.items() if end == t]:
-        nxt = _pop_due(lanes[lane_syncs], syncs - lane_syncs, sync_time, t, done)
-        if nxt == math.inf:
-            del lanes[lane_syncs], fronts[lane_syncs]
-        else:
-            fronts[lane_syncs] = nxt
-    if len(done) > 1:  # simultaneous ends: by start order, as the reference loop's dict iterates
-        done.sort(key=lambda entry: entry[1])
-    return done
-
-
-def _next_time(fronts: dict[int, float], step_until: float | None, sync_until: float | None) -> float:
-    """The earliest pending end: of an episode, the training step or the sync (inf if none)."""
-    t = min(fronts.values(), default=math.inf)
-    for end in (step_until, sync_until):
-        if end is not None and end < t:
-            t = end
-    return t
-
-
-def _drop_stale(buffer: deque, oldest_ok: int) -> tuple[deque, int]:
-    """Finished episodes started by a version >= oldest_ok, in order, and how many were dropped."""
-    fresh = deque(item for item in buffer if item[0] >= oldest_ok)
-    return fresh, len(buffer) - len(fresh)
-
-
-def _take_batch(buffer: deque, batch_size: int, version: int, hist: list[int], total: float) -> float:
-    """Pop the oldest batch_size finished episodes, count their staleness in hist -> total + their seconds."""
-    for _ in range(batch_size):
-        v, d = buffer.popleft()
-        age = version - v
-        if age >= len(hist):
-            hist.extend([0] * (age + 1 - len(hist)))
-        hist[age] += 1
-        total += d  # one addition per episode, in batch order, as a running sum
-    return total
+BULK_MIN = 256  # episodes in flight from which ends are handled in bulk
+RUN_MIN = 64  # episodes started at one time from which they go to the array store, not the heap
+BULK_BACKOFF = 16  # after a bulk step of fewer ends than this, that many events go one at a time
 
 
 def float32_mean(hist: list[int]) -> float:
@@ -143,6 +50,225 @@ def float32_mean(hist: list[int]) -> float:
     n = sum(hist)
     total = sum(k * c for k, c in enumerate(hist))
     return (torch.tensor(float(total)) / torch.tensor(float(n))).item()
+
+
+def running_sum(total: float, values: np.ndarray) -> float:
+    """total + values[0] + values[1] + ..., one addition at a time in order (a cumulative sum): [n] -> float."""
+    if not len(values):
+        return total
+    return float(np.cumsum(np.concatenate(([total], values)))[-1])
+
+
+class _Pipeline:
+    """The state of one simulation and the rules that move it (the module docstring)."""
+
+    def __init__(
+        self,
+        feed: Feed,
+        n_slots: int,
+        batch_size: int,
+        train_time: float,
+        sync_time: float,
+        max_staleness: int,
+        interrupt: bool,
+        *,
+        consume_max_staleness: int | None,
+        bulk: bool,
+        keep_events: bool,
+    ):
+        self.feed = feed
+        self.n_slots = n_slots
+        self.batch_size = batch_size
+        self.train_time = train_time
+        self.sync_time = sync_time
+        self.max_staleness = max_staleness
+        self.interrupt = interrupt
+        self.consume_max_staleness = consume_max_staleness
+        self.bulk = bulk  # ends in bulk and starts in the array store (never with failures)
+        self.events: list[Event] | None = [] if keep_events else None
+        self.t = 0.0
+        self.version = 0
+        self.started = 0
+        self.lost = 0  # episodes dropped or failed: their throttle budget is free again
+        self.free = list(range(n_slots))  # heap of free slot ids (sorted, so already a heap)
+        self.running = InFlight(n_slots)
+        self.done = Finished()
+        self.hist: list[int] = []  # trained episodes per staleness
+        self.step_until: float | None = None
+        self.sync_until: float | None = None
+        self.sync_wanted = False  # a step has finished; its sync has not started
+        self.skip = 0  # events left to handle one at a time before the next bulk step
+        self.n_events = 0
+        self.busy = 0.0
+        self.trained_sum = 0.0
+        self.failed_sum = 0.0
+        self.discarded = 0
+        self.failed = 0
+        self.truncated = 0
+
+    def log(self, event: Event) -> None:
+        self.n_events += 1
+        if self.events is not None:
+            self.events.append(event)
+
+    def run(self, steps: int) -> None:
+        while self.version < steps:
+            self.fill()
+            if self.trainer_ready():
+                if self.drop_stale():
+                    continue  # the dropped episodes' throttle budget is free again: refill at this t
+                self.train()
+            if self.bulk and self.sync_until is None and self.running.count >= BULK_MIN and self.bulk_step():
+                continue
+            self.step()
+
+    def room(self) -> int:
+        """Episodes the throttle still lets start."""
+        return (self.version + 1 + self.max_staleness) * self.batch_size + self.lost - self.started
+
+    def fill(self) -> None:
+        """Rule 1: start episodes on the lowest free slots."""
+        if self.sync_until is not None or (self.sync_wanted and not self.interrupt):
+            return
+        room = min(len(self.free), self.room())
+        if room <= 0:
+            return
+        if self.bulk and room >= RUN_MIN:
+            self.start_many(room)
+            return
+        t = self.t
+        free = self.free
+        for _ in range(room):
+            busy_s, d, cut, fails = self.feed.next(self.started)
+            self.running.push([t + busy_s, self.started, heapq.heappop(free), t, self.version, d, fails])
+            self.started += 1
+            self.truncated += cut
+
+    def start_many(self, n: int) -> None:
+        """Start n episodes at once on the n lowest free slots (none of them fails)."""
+        self.free.sort()  # a sorted list is a heap, and so is what is left of it
+        slots = np.array(self.free[:n], dtype=np.int64)
+        del self.free[:n]
+        busy, dur, cut, _ = self.feed.take(n, self.started)
+        order = np.arange(self.started, self.started + n)
+        self.running.add(self.t + busy, order, slots, np.full(n, self.t), self.version, dur)
+        self.started += n
+        self.truncated += int(cut.sum())
+
+    def trainer_ready(self) -> bool:
+        idle = self.step_until is None and self.sync_until is None and not self.sync_wanted
+        return idle and len(self.done) >= self.batch_size
+
+    def drop_stale(self) -> bool:
+        """The consumption bound: drop finished episodes staler than it -> whether any were dropped."""
+        if self.consume_max_staleness is None:
+            return False
+        dropped = self.done.drop_older(self.version - self.consume_max_staleness)
+        self.discarded += dropped
+        self.lost += dropped
+        return dropped > 0
+
+    def train(self) -> None:
+        """Rule 2: train on the oldest batch_size finished episodes."""
+        versions, durations = self.done.take(self.batch_size)
+        counts = np.bincount(self.version - versions).tolist()  # trained episodes per staleness
+        if len(counts) > len(self.hist):
+            self.hist.extend([0] * (len(counts) - len(self.hist)))
+        for age, c in enumerate(counts):
+            self.hist[age] += c
+        self.trained_sum = running_sum(self.trained_sum, durations)  # in batch order, as a running sum
+        self.step_until = self.t + self.train_time
+        self.log(("train", 0, self.t, self.step_until, self.version))
+
+    def step(self) -> None:
+        """Rule 3: advance to the earliest pending end and handle everything that ends then."""
+        t = self.running.front()
+        for end in (self.step_until, self.sync_until):
+            if end is not None and end < t:
+                t = end
+        if t == math.inf:
+            raise RuntimeError("the pipeline stalled: nothing is running, training or syncing")
+        self.t = t
+        if self.sync_until == t:
+            self.sync_until = None
+            self.version += 1
+        if self.step_until == t:
+            self.step_until = None
+            self.sync_wanted = True
+        for _, _, slot, start, v, d, fails in self.running.pop_at(t):
+            self.busy += t - start
+            heapq.heappush(self.free, slot)
+            if fails:
+                self.failed += 1
+                self.lost += 1
+                self.failed_sum += d
+                self.log(("fail", slot, start, t, v))
+            else:
+                self.done.append(v, d)
+                self.log(("gen", slot, start, t, v))
+        if self.skip:
+            self.skip -= 1
+        if self.sync_wanted and (self.interrupt or len(self.free) == self.n_slots):
+            self.sync_wanted = False
+            self.sync_until = t + self.sync_time
+            self.log(("sync", 0, t, self.sync_until, self.version))
+            self.running.pause(self.sync_time)  # a sync pauses every episode in flight
+
+    def bulk_step(self) -> bool:
+        """Rule 3 for many episode ends at once, each followed by rule 1, up to the first moment where anything
+        else could happen (a start ending, the step ending, a batch being ready, a drain completing).
+        No sync runs and none of the episodes fails. -> whether any end was handled."""
+        if self.skip:
+            return False
+        running = self.running
+        n = running.count
+        room = self.room() if self.interrupt or not self.sync_wanted else 0
+        if room and self.free:  # the fill left free slots and room: it cannot, but then go one at a time
+            return False
+        need = min(room, n)  # the most episodes this can start: one per end handled
+        limit = n
+        if self.step_until is None and not self.sync_wanted:
+            limit = self.batch_size - 1 - len(self.done)  # the trainer waits: stop short of a full batch
+        if self.sync_wanted:
+            limit = n - 1  # the last end of a drain starts the sync: leave it to step()
+        if limit < 1 or need > self.feed.left():
+            self.skip = BULK_BACKOFF
+            return False
+        x = self.t + self.feed.min_busy(need, self.started) if need else math.inf
+        if self.step_until is not None and self.step_until < x:
+            x = self.step_until
+        ended = running.pop_before(x, limit)  # by end time, then start order
+        k = len(ended)
+        if k < BULK_BACKOFF:
+            self.skip = BULK_BACKOFF
+            if not k:
+                return False
+        end = ended.end
+        slot = ended.slot
+        self.busy = running_sum(self.busy, end - ended.start)
+        self.done.extend(ended.version, ended.d)
+        self.n_events += k
+        if self.events is not None:
+            cols = (slot.tolist(), ended.start.tolist(), end.tolist(), ended.version.tolist())
+            self.events.extend(zip(repeat("gen"), *cols))
+        self.t = float(end[-1])
+        rest = slot
+        if room:
+            new = min(room, k)
+            if k > 1 and (end[1:] == end[:-1]).any():  # ends at one time: their slots refill lowest first
+                group = np.concatenate(([0], np.cumsum(end[1:] != end[:-1])))
+                slot = slot[np.lexsort((slot, group))]
+            busy, dur, cut, _ = self.feed.take(new, self.started)
+            begin = end[:new]  # each new episode starts when the slot it takes frees
+            order = np.arange(self.started, self.started + new)
+            running.add(begin + busy, order, slot[:new], begin, self.version, dur)
+            self.started += new
+            self.truncated += int(cut.sum())
+            rest = slot[new:]
+        if len(rest):
+            self.free += rest.tolist()
+            heapq.heapify(self.free)
+        return True
 
 
 def simulate_pipeline(
@@ -196,104 +322,47 @@ def simulate_pipeline(
     if failure_mtbf is not None and failure_generator is None:
         failure_generator = torch.Generator().manual_seed(1)
     size = chunk or min(bound or math.inf, max(4 * n_slots, 16_384))  # memory O(slots), not O(run)
-    feed = _Feed(durations, size, bound, timeout, failure_mtbf, failure_generator)
+    feed = Feed(durations, size, bound, timeout, failure_mtbf, failure_generator)
+    sim = _Pipeline(
+        feed,
+        n_slots,
+        batch_size,
+        train_time,
+        sync_time,
+        max_staleness,
+        interrupt,
+        consume_max_staleness=consume_max_staleness,
+        bulk=failure_mtbf is None,
+        keep_events=keep_events,
+    )
+    collecting = gc.isenabled()
+    gc.disable()  # millions of small records and no cycles: the collector would only rescan them
+    try:
+        sim.run(steps)
+    finally:
+        if collecting:
+            gc.enable()
 
-    t = 0.0
-    version = 0
-    syncs = 0
-    started = 0
-    lost = 0
-    free = list(range(n_slots))  # heap of free slot ids (sorted, so already a heap)
-    # lanes: syncs started before the episodes started -> heap of
-    # (end as of start, start order, slot, start, version, duration, fails)
-    lanes: dict[int, list] = {}
-    fronts: dict[int, float] = {}  # the same keys -> current end time of that lane's first episode
-    buffer: deque[tuple[int, float]] = deque()  # finished (version, duration), in finishing order
-    events: list[Event] | None = [] if keep_events else None
-    hist: list[int] = []  # trained episodes per staleness
-    step_until: float | None = None
-    sync_until: float | None = None
-    sync_wanted = False  # a step has finished; its sync has not started
-    n_events = trained_sum = busy = failed_sum = 0
-    discarded = failed = truncated = 0
-
-    def log(event: Event) -> None:
-        nonlocal n_events
-        n_events += 1
-        if events is not None:
-            events.append(event)
-
-    while version < steps:
-        if sync_until is None and (interrupt or not sync_wanted):
-            room = min(len(free), (version + 1 + max_staleness) * batch_size + lost - started)  # throttle
-            if room > 0:
-                lane = lanes.setdefault(syncs, [])
-                for _ in range(room):
-                    busy_s, d, cut, fails = feed.next(started)
-                    heapq.heappush(lane, (t + busy_s, started, heapq.heappop(free), t, version, d, fails))
-                    started += 1
-                    truncated += cut
-                fronts[syncs] = lane[0][0]
-        trainer_free = step_until is None and sync_until is None and not sync_wanted
-        if trainer_free and len(buffer) >= batch_size:
-            if consume_max_staleness is not None:
-                buffer, dropped = _drop_stale(buffer, version - consume_max_staleness)
-                if dropped:
-                    discarded = discarded + dropped
-                    lost = lost + dropped
-                    continue  # the dropped episodes' throttle budget is free again: refill at this t
-            trained_sum = _take_batch(buffer, batch_size, version, hist, trained_sum)
-            step_until = t + train_time
-            log(("train", 0, t, step_until, version))
-
-        t = _next_time(fronts, step_until, sync_until)
-        if t == math.inf:
-            raise RuntimeError("the pipeline stalled: nothing is running, training or syncing")
-        if sync_until == t:
-            sync_until = None
-            version = version + 1
-        if step_until == t:
-            step_until = None
-            sync_wanted = True
-        for _, _, slot, start, v, d, fails in _due(lanes, fronts, syncs, sync_time, t):
-            busy += t - start
-            heapq.heappush(free, slot)
-            if fails:
-                failed = failed + 1
-                lost = lost + 1
-                failed_sum = failed_sum + d
-                log(("fail", slot, start, t, v))
-            else:
-                buffer.append((v, d))
-                log(("gen", slot, start, t, v))
-        if sync_wanted and (interrupt or len(free) == n_slots):
-            sync_wanted = False
-            sync_until = t + sync_time
-            log(("sync", 0, t, sync_until, version))
-            syncs += 1
-            for lane_syncs in fronts:
-                fronts[lane_syncs] += sync_time  # a sync pauses every episode in flight
-
+    t = sim.t
     if t == 0:
         raise ValueError("durations, train_time and sync_time are all 0: the run takes no time")
-    n_trained = sum(hist)
+    n_trained = sum(sim.hist)
     trained_per_s = steps * batch_size / t
-    in_flight = sorted((e[2], e[3], e[4]) for lane in lanes.values() for e in lane) if keep_events else None
     return dict(
-        events=events,
+        events=sim.events,
         time=t,
         throughput=trained_per_s * 3600,
-        gen_util=busy / (n_slots * t),
-        staleness_mean=float32_mean(hist),
-        staleness_max=len(hist) - 1,
-        staleness_hist=hist,
-        trained_duration=trained_sum / n_trained,
-        n_events=n_events,
-        started=started,
+        gen_util=sim.busy / (n_slots * t),
+        staleness_mean=float32_mean(sim.hist),
+        staleness_max=len(sim.hist) - 1,
+        staleness_hist=sim.hist,
+        trained_duration=sim.trained_sum / n_trained,
+        n_events=sim.n_events,
+        started=sim.started,
         trained=n_trained,
-        discarded=discarded,
-        failed=failed,
-        failed_duration=failed_sum / failed if failed else math.nan,
-        truncated=truncated,
-        in_flight=in_flight,  # (slot, start s, version) of episodes still running at the end
+        discarded=sim.discarded,
+        failed=sim.failed,
+        failed_duration=sim.failed_sum / sim.failed if sim.failed else math.nan,
+        truncated=sim.truncated,
+        in_flight=sorted(sim.running.listing()) if keep_events else None,  # (slot, start s, version) running
     )
