@@ -169,13 +169,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--partial", choices=("drain", "interrupt"), default="drain", help="partial rollouts (default drain)"
     )
-    p.add_argument("--out", default="results/pipeline", help="folder for runs, histories, table.md, plot")
+    p.add_argument(
+        "--designs",
+        choices=("chapter",),
+        default=None,
+        help="run the chapter's five designs with slow tools instead (lrl.experiments.designs)",
+    )
+    p.add_argument(
+        "--staleness-drop",
+        choices=("true", "false"),
+        default="true",
+        help="with --designs: the consumer-side drop (false: the throttle alone, the chapter's setting)",
+    )
+    p.add_argument(
+        "--out", default=None, help="folder for runs, histories, table.md, plot (default results/pipeline)"
+    )
     p.add_argument("--json", default=None, help="also write the rows here (default OUT/pipeline.json)")
     p.add_argument(
         "--report", action="store_true", help="no runs: rebuild the table and plot from OUT's histories"
     )
     p.add_argument("flags", nargs="*", help="train.py flags for every run, after --")
     args = p.parse_args(argv)
+    if args.designs:
+        from lrl.experiments import designs
+
+        args.staleness_drop = args.staleness_drop == "true"
+        return designs.main(args, args.flags)
+    args.out = args.out or "results/pipeline"
     if 0 not in args.staleness:
         p.error("--staleness must include 0: the bound-0 run calibrates the simulator")
     if args.steps <= SKIP + 2:
