@@ -7,6 +7,8 @@ import math
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
+from unittest import mock
 
 import pytest
 import torch
@@ -136,6 +138,47 @@ def test_heap_simulator_equals_scan_reference(case):
     got = simulate_pipeline(torch.tensor(durs), *rest)
     for key, value in want.items():
         assert got[key] == value, key
+
+
+@contextmanager
+def thresholds(bulk_min: int, run_min: int, backoff: int):
+    """The simulator with other bulk thresholds: (1, 1, 0) takes every end it can in bulk, huge ones none."""
+    with mock.patch.multiple("lrl.sim.pipeline", BULK_MIN=bulk_min, RUN_MIN=run_min, BULK_BACKOFF=backoff):
+        yield
+
+
+@settings(max_examples=150, deadline=None)
+@given(pipelines())
+@example(([0.0, 0.0, 1.0], 1, 1, 0.0, 0.0, 2, False, 1))
+@example(
+    ([1.0, 3.0, 1.0, 2.0, 1.0, 2.0, 2.0, 2.0, 3.0, 2.0, 1.0, 1.0], 4, 2, 5.0, 1.0, 2, True, 3)
+)  # bulk ties
+def test_bulk_ends_equal_scan_reference(case):
+    """The same check with every episode end that can be handled in bulk handled so, on any number of slots."""
+    durs, *rest = case
+    try:
+        want = scan_reference(durs, *rest)
+    except ZeroDivisionError:
+        return
+    with thresholds(1, 1, 0):
+        got = simulate_pipeline(torch.tensor(durs), *rest)
+    for key, value in want.items():
+        assert got[key] == value, key
+
+
+def test_bulk_and_single_ends_agree_on_the_extensions(durations):
+    """Timeouts, the consumption bound and drain through the bulk path and one event at a time: the same."""
+    cap = durations.quantile(0.9).item()
+    for kw in (
+        dict(max_staleness=2, timeout=cap),
+        dict(max_staleness=3, consume_max_staleness=1),
+        dict(max_staleness=4, interrupt=False),
+    ):
+        with thresholds(1, 1, 0):
+            bulk = SETUP.run(durations, **kw)
+        with thresholds(10**9, 10**9, 0):
+            single = SETUP.run(durations, **kw)
+        assert bulk == single and bulk == SETUP.run(durations, **kw)
 
 
 def test_reference_agrees_on_the_spec_designs(durations):

@@ -241,8 +241,8 @@ class _Pipeline:
         k = len(ended)
         if k < BULK_BACKOFF:
             self.skip = BULK_BACKOFF
-            if not k:
-                return False
+        if not k:
+            return False
         end = ended.end
         slot = ended.slot
         self.busy = running_sum(self.busy, end - ended.start)
