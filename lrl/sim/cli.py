@@ -4,7 +4,8 @@
 five pipeline designs, a timeout, the sync cost, and the length bias of worker failures. `--extra` adds
 exponential durations against m H_B, the bound enforced at consumption, and the staleness sweep;
 `--plot DIR` writes the timeline and staleness-throughput figures (and the extras' plots) as PNG and SVG;
-`--single` simulates one configuration given by the options. See docs/simulate.md.
+`--single` simulates one configuration given by the options; `--trace FILE` plans a pipeline from a trace of
+one's own episodes (lrl/sim/planner.py). See docs/simulate.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from lrl.sim.tables import (
     sync_lines,
     timeout_lines,
 )
+from lrl.sim.trace import TraceError, read_trace
 
 
 def _typed(cast, test, what: str):
@@ -53,6 +55,13 @@ POS_FLOAT = _typed(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
 FRACTION = _typed(float, lambda v: 0 < v < 1, "a number strictly between 0 and 1")
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help, except where the help itself says what an unset option means."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every duration-model and simulator setting, with the reference values as defaults."""
     p = argparse.ArgumentParser(
@@ -61,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         "durations and batch maxima, five designs, a timeout, the sync cost, the failure bias. --extra adds "
         "exponential durations, the bound enforced at consumption and the staleness sweep, --plot DIR writes "
         "the figures, --single runs one "
-        "configuration given by the options.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "configuration given by the options, --trace FILE plans a pipeline from a trace of your own episodes.",
+        formatter_class=_Help,
     )
     g = p.add_argument_group("episode durations")
     g.add_argument(
@@ -96,11 +105,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="batch sizes whose expected slowest episode is printed",
     )
     g = p.add_argument_group("pipeline")
-    g.add_argument("--slots", type=POS_INT, default=64, help="generation slots (concurrent episodes)")
-    g.add_argument("--batch-size", type=POS_INT, default=64, help="episodes per training step")
-    g.add_argument("--train-time", type=NONNEG_FLOAT, default=60.0, help="seconds per training step")
     g.add_argument(
-        "--sync-time", type=NONNEG_FLOAT, default=10.0, help="seconds per weight sync (pauses generation)"
+        "--slots", type=POS_INT, help="generation slots (concurrent episodes); default 64, or the trace's"
+    )
+    g.add_argument(
+        "--batch-size",
+        "--batch",
+        type=POS_INT,
+        help="episodes per training step; default 64, or the trace's",
+    )
+    g.add_argument(
+        "--train-time",
+        type=NONNEG_FLOAT,
+        help="seconds per training step; default 60 for the tables, with --trace it overrides the trace",
+    )
+    g.add_argument(
+        "--sync-time",
+        type=NONNEG_FLOAT,
+        help="seconds per weight sync (pauses generation); default 10 for the tables, with --trace it "
+        "overrides the trace",
     )
     g.add_argument("--steps", type=POS_INT, default=20, help="training steps simulated")
     g = p.add_argument_group("timeout, sync cost and worker failures")
@@ -149,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--timeline-eta", type=NONNEG_INT, default=1, help="timeline figure: bound of the async pipeline"
     )
+    g = p.add_argument_group("a trace of your own pipeline (--trace)")
+    g.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="plan from this trace: one episode per line (CSV with a duration_s column, or JSONL), the "
+        "trainer's train_s and sync_s in it or given by --train-time and --sync-time (docs/simulate.md)",
+    )
+    g.add_argument("--json", metavar="FILE", help="with --trace: also write the rows to this JSON file")
     g = p.add_argument_group("one configuration (--single)")
     g.add_argument("--single", action="store_true", help="simulate one configuration instead of the tables")
     g.add_argument(
@@ -165,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--timeout", type=POS_FLOAT, default=None, help="truncate durations to this many seconds")
     return p
+
+
+def _setup(args: argparse.Namespace) -> Setup:
+    """The tables' pipeline: the options given, Setup's reference values for the others."""
+    given = dict(
+        n_slots=args.slots, batch_size=args.batch_size, train_time=args.train_time, sync_time=args.sync_time
+    )
+    return Setup(**{k: v for k, v in given.items() if v is not None}, steps=args.steps)
 
 
 def _durations(args: argparse.Namespace) -> torch.Tensor:
@@ -253,6 +292,41 @@ def write_figures(durations: torch.Tensor, setup: Setup, args: argparse.Namespac
     return paths
 
 
+def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """--trace: the planner's table (and --json). A trace that cannot be used is one line and status 2."""
+    from lrl.sim import planner
+
+    if args.single or args.extra or args.plot:
+        parser.error("--trace plans from a trace; it does not combine with --single, --extra or --plot")
+    if args.json:
+        from lrl.runs import check_output
+
+        for problem in check_output("--json", args.json, "file"):
+            parser.error(problem)
+    options = {
+        "slots": args.slots,
+        "batch": args.batch_size,
+        "train_s": args.train_time,
+        "sync_s": args.sync_time,
+    }
+    flags = {"slots": "--slots", "batch": "--batch", "train_s": "--train-time", "sync_s": "--sync-time"}
+    try:
+        trace = read_trace(args.trace)
+        plan = planner.resolve(trace, options, flags, args.steps)
+        rows = planner.plan_rows(trace, plan)
+    except TraceError as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # the simulator's refusal, e.g. a run that takes no time
+        print(f"{parser.prog}: error: {args.trace}: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(planner.plan_lines(trace, plan, rows)))
+    if args.json:
+        planner.write_json(args.json, trace, plan, rows)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
@@ -260,12 +334,16 @@ def main(argv: list[str] | None = None) -> int:
     low, high = args.tokens_per_turn
     if low > high:
         parser.error(f"--tokens-per-turn: LOW must be <= HIGH; got {low:g} > {high:g}")
+    if args.trace is not None:
+        return run_trace(args, parser)
+    if args.json:
+        parser.error("--json writes the rows of --trace; give a trace")
     if args.plot:
         from lrl.runs import check_output
 
         for problem in check_output("--plot", args.plot, "dir"):
             parser.error(problem)
-    setup = Setup(args.slots, args.batch_size, args.train_time, args.sync_time, args.steps)
+    setup = _setup(args)
     try:
         durations = _durations(args)
         if args.single:

@@ -1,0 +1,176 @@
+"""The planner, ``python -m lrl.sim --trace FILE``: a hand-computed throughput, CSV and JSONL traces that
+agree, where its settings come from, and one line naming the file and the line for every bad trace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lrl.sim.cli import main
+from lrl.sim.tables import DESIGNS
+
+
+def write_csv(path, durations, train_s=None, sync_s=None):
+    """A CSV trace: duration_s, and train_s / sync_s as constant columns when given."""
+    head = ["duration_s"] + ["train_s"] * (train_s is not None) + ["sync_s"] * (sync_s is not None)
+    rows = [[f"{d!r}"] + [f"{x!r}" for x in (train_s, sync_s) if x is not None] for d in durations]
+    path.write_text("\n".join(",".join(r) for r in [head, *rows]) + "\n")
+    return path
+
+
+def write_jsonl(path, durations, train_s=None, sync_s=None):
+    """A JSONL trace: an optional first object with the trainer's times, then one object per episode."""
+    first = {k: v for k, v in (("train_s", train_s), ("sync_s", sync_s)) if v is not None}
+    lines = ([json.dumps(first)] if first else []) + [json.dumps({"duration_s": d}) for d in durations]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def plan(tmp_path, trace, *flags) -> dict:
+    """Run the planner on a trace -> the JSON it wrote."""
+    out = tmp_path / "rows.json"
+    assert main(["--trace", str(trace), "--json", str(out), *flags]) == 0
+    return json.loads(out.read_text())
+
+
+def test_constant_durations_give_the_hand_computed_synchronous_throughput(tmp_path, capsys):
+    # 8 slots, 8 episodes per step, every episode 30 s, training 20 s, sync 10 s. Synchronous: a step's 8
+    # episodes start together, all end 30 s later, the trainer trains 20 s, the sync takes 10 s, and only then
+    # do the next 8 start. One step = 30 + 20 + 10 = 60 s for 8 episodes:
+    #   8 episodes / 60 s = 0.1333 episodes/s = 8 * 3600 / 60 = 480 episodes/hour,
+    #   each slot busy 30 s of every 60 s: utilization 30 / 60 = 0.5; staleness 0; trained mean 30 s.
+    trace = write_csv(tmp_path / "const.csv", [30.0] * 5, train_s=20.0, sync_s=10.0)
+    got = plan(tmp_path, trace, "--slots", "8", "--batch", "8", "--steps", "10")
+    sync = got["rows"][0]
+    assert sync["design"] == "synchronous"
+    assert sync["episodes_per_hour"] == pytest.approx(8 * 3600 / 60, rel=1e-12)
+    assert sync["episodes_per_s"] == pytest.approx(8 / 60, rel=1e-12)
+    assert sync["slot_utilization"] == pytest.approx(30 / 60, rel=1e-12)
+    assert (sync["staleness_mean"], sync["staleness_max"], sync["trained_duration_mean_s"]) == (0.0, 0, 30.0)
+    assert sync["simulated_s"] == pytest.approx(10 * 60)
+    out = capsys.readouterr().out
+    assert "synchronous            |           480 |     0.1333 |      0.50 |" in out
+    assert [r["design"] for r in got["rows"]] == list(DESIGNS)
+    assert all(r["cycled"] for r in got["rows"])  # 80+ episodes from a trace of 5
+    assert "durations were used again in order from the first" in out
+
+
+def test_csv_and_jsonl_traces_agree(tmp_path):
+    durations = (torch.rand(400, generator=torch.Generator().manual_seed(0)) * 300).tolist()
+    flags = ("--slots", "16", "--batch", "16")
+    from_csv = plan(tmp_path, write_csv(tmp_path / "t.csv", durations, 45.5, 7.25), *flags)
+    from_jsonl = plan(tmp_path, write_jsonl(tmp_path / "t.jsonl", durations, 45.5, 7.25), *flags)
+    assert (from_csv["format"], from_jsonl["format"]) == ("csv", "jsonl")
+    assert from_csv["rows"] == from_jsonl["rows"]
+    assert from_csv["rows"][3]["staleness_max"] >= 1  # the async rows are asynchronous
+    assert not any(r["cycled"] for r in from_csv["rows"])  # no design starts more than 16 x (20 + 4) = 384
+    by_name = {r["design"]: r for r in from_csv["rows"]}
+    assert by_name["async eta=2, partial"]["episodes_per_hour"] > by_name["synchronous"]["episodes_per_hour"]
+
+
+def test_settings_come_from_options_then_the_trace_then_the_defaults(tmp_path, capsys):
+    trace = write_jsonl(tmp_path / "t.jsonl", [10.0, 20.0, 30.0], train_s=5.0, sync_s=1.0)
+    got = plan(tmp_path, trace, "--sync-time", "2", "--steps", "3")
+    assert (got["slots"], got["batch"], got["train_s"], got["sync_s"]) == (64, 64, 5.0, 2.0)
+    assert got["source"] == {
+        "slots": "default",
+        "batch": "default",
+        "train_s": "trace",
+        "sync_s": "--sync-time",
+    }
+    assert (
+        "slots 64 (default), batch 64 (default), train 5 s (trace), sync 2 s (--sync-time)"
+        in capsys.readouterr().out
+    )
+    (tmp_path / "s.csv").write_text("duration_s,slots,batch,train_s,sync_s\n10,4,2,1,1\n20,4,2,1,1\n")
+    got = plan(tmp_path, tmp_path / "s.csv", "--batch", "3")
+    assert (got["slots"], got["batch"]) == (4, 3)
+    assert got["source"]["slots"] == "trace" and got["source"]["batch"] == "--batch"
+
+
+BAD = [
+    ("empty.csv", "", "1: the file is empty"),
+    ("empty.jsonl", "\n\n", "1: the file is empty"),
+    (
+        "nocol.csv",
+        "seconds,train_s\n3,1\n",
+        "1: no duration_s column (the header names 'seconds', 'train_s')",
+    ),
+    ("header.csv", "duration_s,train_s,sync_s\n", "2: no episodes after the header"),
+    ("neg.csv", "duration_s,train_s,sync_s\n5,1,1\n-3,1,1\n", "3: duration_s is -3; it must be >= 0 seconds"),
+    ("nan.csv", "duration_s,train_s,sync_s\nnan,1,1\n", "2: duration_s is nan, not a finite number"),
+    (
+        "inf.jsonl",
+        '{"duration_s": Infinity, "train_s": 1, "sync_s": 1}\n',
+        "1: duration_s is inf, not a finite",
+    ),
+    (
+        "word.csv",
+        "duration_s,train_s,sync_s\n1,1,1\n2,1,1\nabc,1,1\n",
+        "4: duration_s is 'abc', not a number",
+    ),
+    ("blank.csv", "duration_s,train_s,sync_s\n1,1,1\n,1,1\n", "3: duration_s is empty, not a number"),
+    ("short.csv", "train_s,sync_s,duration_s\n1,1,4\n1,1\n", "3: no duration_s value"),
+    ("train.csv", "duration_s,train_s,sync_s\n5,-1,1\n", "2: train_s is -1; it must be >= 0 seconds"),
+    (
+        "sync.jsonl",
+        '{"train_s": 1, "sync_s": -5}\n{"duration_s": 3}\n',
+        "1: sync_s is -5; it must be >= 0 seconds",
+    ),
+    ("two.csv", "duration_s,train_s,sync_s\n5,20,1\n6,30,1\n", "3: train_s is 30 but line 2 says 20"),
+    (
+        "none.csv",
+        "duration_s\n5\n6\n",
+        "1: no train_s: give it in the trace (docs/simulate.md) or with --train-time",
+    ),
+    ("json.jsonl", '{"train_s": 1, "sync_s": 1}\n{"duration_s": 3}\n{"duration_s": 3\n', "3: not JSON"),
+    ("list.jsonl", '{"train_s": 1, "sync_s": 1}\n[3]\n', "2: expected a JSON object, got list"),
+    ("late.jsonl", '{"train_s": 1, "sync_s": 1}\n{"duration_s": 3}\n{"id": 7}\n', "3: no duration_s"),
+    (
+        "str.jsonl",
+        '{"train_s": 1, "sync_s": 1}\n{"duration_s": true}\n',
+        "2: duration_s is true, not a number",
+    ),
+    (
+        "slots.csv",
+        "duration_s,train_s,sync_s,slots\n5,1,1,2.5\n",
+        "2: slots is 2.5; it must be an integer >= 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "what"), BAD, ids=[b[0] for b in BAD])
+def test_a_bad_trace_is_one_line_naming_the_file_and_the_line(tmp_path, capsys, name, text, what):
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["--trace", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m lrl.sim: error: {path}:{what}"), captured.err
+
+
+def test_unreadable_traces_name_the_file(tmp_path, capsys):
+    for path, what in [(tmp_path / "missing.csv", "no such file"), (tmp_path, "not a regular file")]:
+        assert main(["--trace", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and f"{path}: cannot read it: {what}" in err, err
+    (tmp_path / "bin.csv").write_bytes(b"duration_s\n\xff\xfe\n")
+    assert main(["--trace", str(tmp_path / "bin.csv")]) == 2
+    assert "bin.csv: cannot read it: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_the_command_exits_2_without_a_traceback(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "lrl.sim", "--trace", str(tmp_path / "missing.jsonl")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"python -m lrl.sim: error: {tmp_path / 'missing.jsonl'}: cannot read it: no such file or directory"
+    ]
