@@ -1,0 +1,66 @@
+"""The simulator of lrl's own pipeline (lrl.sim.board) against hand calculations, and the five-designs
+experiment's measured quantities on a history whose numbers are known."""
+
+from __future__ import annotations
+
+import pytest
+
+from lrl.experiments.designs import GROUP, GROUPS, SLOTS, measured, token_hist, total_variation
+from lrl.sim.board import simulate_board
+
+
+def test_synchronous_steps_last_the_slowest_episode_plus_training():
+    # 2 groups of 2: durations per batch 1, 1, 1, 4 -> each step waits 4 s, then trains 0.5 s
+    durations = [1.0, 1.0, 1.0, 4.0] * 10
+    sim = simulate_board(durations, 4, 2, 2, 0.5, 0.0, 0, True, 5, sync_before=True)
+    assert sim["step_ends"] == pytest.approx([4.5 * k for k in range(1, 6)])
+    assert sim["episodes_per_s"] == pytest.approx(4 / 4.5)
+    assert sim["slot_util"] == pytest.approx((1 + 1 + 1 + 4) / (4 * 4.5))
+    assert sim["staleness_max"] == 0 and sim["dropped"] == 0
+
+
+def test_a_bound_of_one_overlaps_generation_with_training():
+    # constant 1 s episodes, 4 slots, batch 4, train 1 s: once the pipeline is full, one step a second
+    sim = simulate_board([1.0] * 200, 4, 2, 2, 1.0, 0.0, 1, True, 8)
+    gaps = [b - a for a, b in zip(sim["step_ends"], sim["step_ends"][1:])]
+    assert gaps[-3:] == pytest.approx([1.0, 1.0, 1.0])
+    assert sim["staleness_max"] == 1  # the next batch was generated on the weights before the last step
+
+
+def test_the_consumer_drops_what_the_throttle_let_grow_stale():
+    # a straggler of 3 s in the first group (steps take about 0.5 s): without the drop it is trained late
+    durations = [3.0] + [0.2] * 400
+    kept = simulate_board(durations, 8, 2, 2, 0.5, 0.0, 1, True, 12, drop=False)
+    bounded = simulate_board(durations, 8, 2, 2, 0.5, 0.0, 1, True, 12, drop=True)
+    assert kept["staleness_max"] > 1 and kept["dropped"] == 0
+    assert bounded["staleness_max"] <= 1 and bounded["dropped"] >= 1
+
+
+def test_drain_starts_nothing_while_episodes_of_the_old_weights_run():
+    durations = [3.0, 0.1, 0.1, 0.1] * 50
+    drain = simulate_board(durations, 4, 2, 2, 0.2, 0.0, 2, False, 6)
+    partial = simulate_board(durations, 4, 2, 2, 0.2, 0.0, 2, True, 6)
+    assert drain["time"] > partial["time"]
+
+
+def test_measured_rates_of_a_known_history():
+    batch = GROUP * GROUPS
+    history = []
+    for step in range(6):
+        history.append(
+            {
+                "step": step,
+                "time/end": 10.0 + 2.0 * step,
+                "trained_ids": [f"0:{step * batch + i}" for i in range(batch)],
+                "time/episode_seconds": [1.5] * batch,
+                "time/finished_seconds": [[step * batch + i, 1.5] for i in range(batch)],
+                "staleness_counts": [30, 10],
+                "pipeline/dropped": 0.0,
+            }
+        )
+    m = measured({"history": history})
+    assert m["episodes_per_s"] == pytest.approx(batch / 2.0)  # a batch every 2 s from step 2 on
+    assert m["slot_util"] == pytest.approx(3 * batch * 1.5 / (SLOTS * 6.0))
+    assert m["staleness_mean"] == pytest.approx(0.25) and m["staleness_max"] == 1
+    assert token_hist(history) == pytest.approx([0.75, 0.25])
+    assert total_variation([0.75, 0.25], [1.0]) == pytest.approx(0.25)
