@@ -175,8 +175,10 @@ class VLLMSampler(BehaviorSampler):
         sync_every: int = 1,
         seed: int = 0,
         model_dir: str | None = None,
+        max_model_len: int | None = None,
     ):
         super().__init__(tok, lag, transform, sampling)
+        self.max_model_len = max_model_len  # None: the model's context
         self.dtype = dtype
         self.kv_cache_mib = kv_cache_mib
         self.sync_every = sync_every
@@ -217,7 +219,7 @@ class VLLMSampler(BehaviorSampler):
             kv_cache_memory_bytes=self.kv_cache_mib * 2**20,
             enforce_eager=True,
             logprobs_mode="processed_logprobs",
-            max_model_len=context_length(policy),
+            max_model_len=self.max_model_len or context_length(policy),
             seed=self.seed,
             enable_prefix_caching=True,
         )

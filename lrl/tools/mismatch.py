@@ -184,7 +184,7 @@ def measure(model, tok, args) -> dict:
     kw = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     start = time.perf_counter()
     if args.sampler == "vllm":
-        real = VLLMScorer(model, args)
+        real = VLLMScorer(model, args, max(len(p) for p in prompts))
         new_ids, engine_logp = real.generate(prompts, batch=n_prompts)
     else:
         check_device_dtype(engine, args.device, dtype)
@@ -265,7 +265,7 @@ def aligned_difference(a, b) -> tuple[torch.Tensor, float]:
 class VLLMScorer:
     """vLLM sampling fixed-length continuations of the gym prompts, in batches of a given size."""
 
-    def __init__(self, model, args):
+    def __init__(self, model, args, longest: int):
         from samplers.vllm import VLLMSampler, vllm_missing
 
         missing = vllm_missing()
@@ -276,7 +276,12 @@ class VLLMScorer:
         if dtype not in ("bfloat16", "float32"):
             raise ValueError(f"--vllm-dtype: vLLM runs bfloat16 or float32 here, not {dtype}")
         tok = type("Tok", (), {"eos_id": -1})()
-        self.sampler = VLLMSampler(tok, dtype=dtype, kv_cache_mib=args.vllm_kv_cache, seed=args.seed)
+        length = (
+            -(-(longest + args.new_tokens) // 16) * 16
+        )  # the sequences it will see, not the model's context
+        self.sampler = VLLMSampler(
+            tok, dtype=dtype, kv_cache_mib=args.vllm_kv_cache, seed=args.seed, max_model_len=length
+        )
         self.sampler.setup(model, 0)
 
     def generate(self, prompts, batch: int):
