@@ -143,7 +143,8 @@ def test_heap_simulator_equals_scan_reference(case):
 @contextmanager
 def thresholds(bulk_min: int, run_min: int, backoff: int):
     """The simulator with other bulk thresholds: (1, 1, 0) takes every end it can in bulk, huge ones none."""
-    with mock.patch.multiple("lrl.sim.pipeline", BULK_MIN=bulk_min, RUN_MIN=run_min, BULK_BACKOFF=backoff):
+    patch = dict(BULK_MIN=bulk_min, RUN_MIN=run_min, BULK_WORTH=backoff, BULK_BACKOFF=backoff)
+    with mock.patch.multiple("lrl.sim.pipeline", **patch):
         yield
 
 

@@ -21,9 +21,8 @@ class Feed:
     def __init__(self, durations, chunk: int, bound: int, timeout, mtbf, generator):
         self.src = durations.detach().cpu()  # [N]
         self.chunk = max(int(chunk), 1)
-        self.bound = (
-            bound  # most episodes these settings can start (0: no bound known), for the error message
-        )
+        # most episodes these settings can start (0: no bound known), for the error message
+        self.bound = bound
         self.timeout = timeout
         self.mtbf = mtbf
         self.gen = generator

@@ -77,18 +77,10 @@ class InFlight:
             out.append(heapq.heappop(heap))
         if len(self.end) and self.end[0] == t:
             k = int(np.searchsorted(self.end, t, side="right"))
-            for s in self.slot[:k].tolist():
-                out.append(
-                    [
-                        t,
-                        int(self.order[s]),
-                        s,
-                        float(self.start[s]),
-                        int(self.version[s]),
-                        float(self.d[s]),
-                        False,
-                    ]
-                )
+            s = self.slot[:k]
+            cols = (self.order[s].tolist(), s.tolist(), self.start[s].tolist(), self.version[s].tolist())
+            for o, slot, start, v, d in zip(*cols, self.d[s].tolist()):
+                out.append([t, o, slot, start, v, d, False])
             self.end = self.end[k:]
             self.slot = self.slot[k:]
             out.sort(key=lambda entry: entry[1])

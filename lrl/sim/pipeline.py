@@ -40,9 +40,15 @@ from lrl.sim.inflight import InFlight
 
 Event = tuple[str, int, float, float, int]  # (kind, slot, start s, end s, version); kind gen|fail|train|sync
 
-BULK_MIN = 256  # episodes in flight from which ends are handled in bulk
-RUN_MIN = 64  # episodes started at one time from which they go to the array store, not the heap
-BULK_BACKOFF = 16  # after a bulk step of fewer ends than this, that many events go one at a time
+# Bulk steps (docs/simulate.md): from how many slots and episodes in flight they run (below, they do not pay);
+# episodes started at one time from which they go to the array store; a bulk step of fewer ends than
+# BULK_WORTH costs more than handling them one at a time, so BULK_BACKOFF events then go one at a time before
+# the next try, doubled (up to BULK_BACKOFF_MAX) while bulk steps stay small.
+BULK_MIN = 1024
+RUN_MIN = 64
+BULK_WORTH = 32
+BULK_BACKOFF = 16
+BULK_BACKOFF_MAX = 4096
 
 
 def float32_mean(hist: list[int]) -> float:
@@ -84,7 +90,8 @@ class _Pipeline:
         self.max_staleness = max_staleness
         self.interrupt = interrupt
         self.consume_max_staleness = consume_max_staleness
-        self.bulk = bulk  # ends in bulk and starts in the array store (never with failures)
+        # ends in bulk and starts in the array store; never with failures
+        self.bulk = bulk and n_slots >= BULK_MIN
         self.events: list[Event] | None = [] if keep_events else None
         self.t = 0.0
         self.version = 0
@@ -98,6 +105,7 @@ class _Pipeline:
         self.sync_until: float | None = None
         self.sync_wanted = False  # a step has finished; its sync has not started
         self.skip = 0  # events left to handle one at a time before the next bulk step
+        self.backoff = BULK_BACKOFF  # the next skip after a bulk step that did not pay
         self.n_events = 0
         self.busy = 0.0
         self.trained_sum = 0.0
@@ -239,8 +247,11 @@ class _Pipeline:
             x = self.step_until
         ended = running.pop_before(x, limit)  # by end time, then start order
         k = len(ended)
-        if k < BULK_BACKOFF:
-            self.skip = BULK_BACKOFF
+        if k < BULK_WORTH:
+            self.skip = self.backoff
+            self.backoff = min(2 * self.backoff, BULK_BACKOFF_MAX)
+        else:
+            self.backoff = BULK_BACKOFF
         if not k:
             return False
         end = ended.end
