@@ -1,22 +1,34 @@
-"""Scale benchmark of the pipeline simulator: events per second from 64 to 16,384 slots.
+"""Scale benchmark of the pipeline simulator: against the slot-scanning reference, and from 64 to 1,048,576 slots.
 
-    python bench/bench_simulate.py [--slots 64 256 ...] [--steps 20] [--eta 2] [--n-durations 1048576]
+    python bench/bench_simulate.py [--compare-slots 2048] [--slots 64 256 ...] [--steps 20] [--eta 2]
+                                   [--n-durations 23068672] [--memory] [--threads 1]
 
-Each row simulates `steps` steps of an asynchronous pipeline with partial rollouts (batch = slots, 60 s
-training, 10 s sync, bound eta) on one pool of pre-drawn agent durations, with and without the event log.
-Times come from one run on a shared machine: read the ratios between rows, not the absolute numbers.
+Every run simulates `steps` steps of an asynchronous pipeline with partial rollouts (batch = slots, 60 s
+training, 10 s sync, bound eta) on one pool of pre-drawn agent durations (lrl.sim.durations). It prints:
+
+1. the simulator and lrl/sim/reference.py (a plain scan of every slot at every event) on the same run at
+   `--compare-slots`, both times, their ratio, and whether every number agrees (throughput, slot use,
+   staleness mean, max and histogram, trained duration);
+2. one row per `--slots`: events, seconds with and without the event log, events per second; the largest
+   row is the one-core time of the biggest run.
+
+Times come from one run on a shared machine: read the ratios within a run, not the absolute numbers. A row
+needs (steps + eta) x slots durations; rows the pool cannot feed are skipped and say so.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import time
 import tracemalloc
 
 import torch
 
 from lrl.sim import agent_episode_durations, simulate_pipeline
+from lrl.sim.reference import scan_reference
+
+COMPARED = ("throughput", "gen_util", "staleness_mean", "staleness_max", "staleness_hist", "trained_duration")
+LOG_UP_TO = 65_536  # slots up to which the run with the event log is timed too (the log is a tuple per event)
 
 
 def draw_pool(n: int, seed: int, chunk: int = 65_536) -> torch.Tensor:
@@ -34,7 +46,7 @@ def timed_run(pool: torch.Tensor, slots: int, steps: int, eta: int, keep_events:
 
 
 def peak_mib(pool: torch.Tensor, slots: int, steps: int, eta: int) -> float:
-    """Peak Python heap of one run without the event log, in MiB (tracemalloc; slows the run)."""
+    """Peak Python heap of one run without the event log, numpy arrays included, in MiB (tracemalloc)."""
     tracemalloc.start()
     simulate_pipeline(pool, slots, slots, 60.0, 10.0, eta, True, steps, keep_events=False)
     peak = tracemalloc.get_traced_memory()[1]
@@ -42,61 +54,89 @@ def peak_mib(pool: torch.Tensor, slots: int, steps: int, eta: int) -> float:
     return peak / 2**20
 
 
-def main() -> None:
+def compare(pool: torch.Tensor, slots: int, steps: int, eta: int) -> bool:
+    """The simulator against the reference on one run: both times, the ratio, agreement -> all agree."""
+    need = (steps + eta) * slots
+    if need > len(pool):
+        print(f"reference comparison at {slots:,} slots skipped: needs up to {need:,} durations")
+        return True
+    durations = pool[:need]
+    start = time.perf_counter()
+    want = scan_reference(durations.tolist(), slots, slots, 60.0, 10.0, eta, True, steps)
+    reference_s = time.perf_counter() - start
+    simulator_s, got = timed_run(durations, slots, steps, eta, keep_events=True)
+    differ = [key for key in COMPARED if got[key] != want[key]]
+    events_same = got["events"] == want["events"]
+    print(
+        f"{slots:,} slots against the slot-scanning reference (lrl/sim/reference.py), event log kept by both:"
+    )
+    print(
+        f"  reference {reference_s:.3f} s, simulator {simulator_s:.4f} s: {reference_s / simulator_s:.1f}x faster"
+    )
+    if differ or not events_same:
+        print(f"  DIFFERENT: {', '.join(differ + ([] if events_same else ['events']))}")
+        return False
+    print(
+        f"  identical: throughput {got['throughput']:.6f} episodes/h, slot use {got['gen_util']:.6f}, staleness "
+        f"mean {got['staleness_mean']:.6f} max {got['staleness_max']} hist {got['staleness_hist']}, trained "
+        f"{got['trained_duration']:.6f} s, and all {len(got['events']):,} events"
+    )
+    return True
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--slots", type=int, nargs="+", default=[64, 256, 1024, 2048, 4096, 8192, 16384])
+    p.add_argument(
+        "--slots",
+        type=int,
+        nargs="+",
+        default=[64, 256, 1024, 2048, 4096, 16384, 65536, 262144, 1048576],
+        help="slots of the scale rows",
+    )
+    p.add_argument("--compare-slots", type=int, default=2048, help="slots of the reference comparison")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--eta", type=int, default=2)
-    p.add_argument("--n-durations", type=int, default=1 << 20)
+    p.add_argument(
+        "--n-durations", type=int, default=22 << 20, help="pool size; (steps + eta) x slots feeds a row"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--memory", action="store_true", help="also measure the peak Python heap (slow: tracemalloc)"
     )
-    p.add_argument(
-        "--threads", type=int, default=1, help="torch threads (the simulator itself is pure Python)"
-    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the simulator runs on one core)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
     start = time.perf_counter()
     pool = draw_pool(args.n_durations, args.seed)
-    print(f"drew {len(pool):,} durations in {time.perf_counter() - start:.2f} s")
-    print(f"{args.steps} steps, batch = slots, eta = {args.eta}, partial rollouts, 60 s train, 10 s sync")
-    cols = (
-        "slots",
-        "events",
-        "s (log)",
-        "s (no log)",
-        "events/s",
-        "us/event",
-        "x vs first",
-        "log2 ratio",
-        "peak MiB",
+    print(
+        f"drew {len(pool):,} durations in {time.perf_counter() - start:.2f} s; torch threads {args.threads}"
     )
+    print(f"{args.steps} steps, batch = slots, eta = {args.eta}, partial rollouts, 60 s train, 10 s sync\n")
+    same = compare(pool, args.compare_slots, args.steps, args.eta)
+    print()
+    cols = ("slots", "events", "s (log)", "s (no log)", "events/s", "us/event", "peak MiB")
     print(" | ".join(f"{c:>10}" for c in cols))
-    base = None
     for slots in args.slots:
         need = (args.steps + args.eta) * slots
         if need > len(pool):
-            print(f"{slots:>10} | skipped: needs up to {need:,} durations")
+            print(f"{slots:>10} | skipped: needs up to {need:,} durations (--n-durations)")
             continue
-        with_log, result = timed_run(pool, slots, args.steps, args.eta, True)
-        lean, _ = timed_run(pool, slots, args.steps, args.eta, False)
-        per_event = lean / result["n_events"] * 1e6
-        base = base or (per_event, slots)
+        durations = pool[:need]  # all a run can use: the check of its input then costs what the run does
+        lean, result = timed_run(durations, slots, args.steps, args.eta, False)
+        with_log = timed_run(durations, slots, args.steps, args.eta, True)[0] if slots <= LOG_UP_TO else None
         cells = (
-            f"{slots:>10}",
+            f"{slots:>10,}",
             f"{result['n_events']:>10,}",
-            f"{with_log:>10.3f}",
+            f"{with_log:>10.3f}" if with_log is not None else f"{'-':>10}",
             f"{lean:>10.3f}",
             f"{result['n_events'] / lean:>10,.0f}",
-            f"{per_event:>10.2f}",
-            f"{per_event / base[0]:>10.2f}",
-            f"{math.log2(slots) / math.log2(base[1]):>10.2f}",
-            f"{peak_mib(pool, slots, args.steps, args.eta):>10.1f}" if args.memory else f"{'-':>10}",
+            f"{lean / result['n_events'] * 1e6:>10.3f}",
+            f"{peak_mib(durations, slots, args.steps, args.eta):>10.1f}" if args.memory else f"{'-':>10}",
         )
         print(" | ".join(cells), flush=True)
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
