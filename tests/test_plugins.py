@@ -145,7 +145,7 @@ def test_help_lists_registered_entries():
     )
     text = " ".join(out.stdout.split())
     for entry in (
-        "onpolicy, lagged, fp8, engine, lagged_topk",
+        "onpolicy, lagged, fp8, engine, vllm, lagged_topk",
         "none, tis, mis, tis_both",
         "tinyagent, review, echo",
     ):
