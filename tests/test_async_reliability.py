@@ -204,7 +204,7 @@ def test_a_stopped_worker_ends_the_run_within_the_heartbeat_timeout(tmp_path, mo
     finally:
         os.kill(worker, signal.SIGCONT) if worker in processes_of(mark) else None
     took = time.time() - stopped
-    assert took < 3 + 5, took  # the timeout, plus the step that was in progress
+    assert took < 3 + 15, took  # the timeout, plus the step in progress and closing (generous: a loaded CPU)
     done = type("Done", (), {"returncode": proc.returncode, "stdout": out, "stderr": err})
     one_clear_line(done, 5, "rollout worker 0", "no heartbeat", "3")
     assert len(err.strip().splitlines()) == 1, err
