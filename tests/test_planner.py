@@ -4,8 +4,10 @@ agree, where its settings come from, and one line naming the file and the line f
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,3 +176,13 @@ def test_the_command_exits_2_without_a_traceback(tmp_path):
     assert done.stderr.splitlines() == [
         f"python -m lrl.sim: error: {tmp_path / 'missing.jsonl'}: cannot read it: no such file or directory"
     ]
+
+
+def test_the_documented_examples_are_five_lines_and_agree(tmp_path):
+    """docs/simulate.md shows one trace as CSV and as JSONL; both read to the same plan."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "simulate.md").read_text()
+    blocks = {kind: re.search(rf"```{kind}\n(.*?)```", doc, re.S).group(1) for kind in ("csv", "json")}
+    assert [len(b.splitlines()) for b in blocks.values()] == [5, 5]
+    (tmp_path / "trace.csv").write_text(blocks["csv"])
+    (tmp_path / "trace.jsonl").write_text(blocks["json"])
+    assert plan(tmp_path, tmp_path / "trace.csv")["rows"] == plan(tmp_path, tmp_path / "trace.jsonl")["rows"]
