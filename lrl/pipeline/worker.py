@@ -53,11 +53,17 @@ def batch_seed(seed: int, rank: int, batch: int) -> int:
     return (seed * 1_000_003 + rank * 7919 + batch * 104_729) % (2**63)
 
 
+class Stopping(Exception):
+    """The trainer asked the worker to stop while it waited (for weights)."""
+
+
 def worker_main(trainer: int, index: int, inbox, outbox) -> None:
     """The worker process: any exception goes to the trainer, named, and the worker exits."""
     try:
         setup = inbox.get()
         Worker(trainer, index, setup, inbox, outbox).run()
+    except Stopping:
+        return
     except BaseException as err:  # noqa: BLE001 (whatever stops the worker is reported before it exits)
         lines = traceback.format_exc().strip().splitlines()
         where = " | ".join(s.strip() for s in lines[-3:-1])
@@ -71,10 +77,12 @@ class Groups:
         self.size = episodes_per_group
         self.done: dict[int, list] = {}  # serial -> finished episodes (Episode), in any order
         self.first: dict[int, float] = {}  # serial -> wall clock of its first episode's start
+        self.tasks: dict[int, int] = {}  # serial -> its task's position, so that a group can be given again
 
-    def open(self, serial: int) -> None:
+    def open(self, serial: int, task: int) -> None:
         self.done.setdefault(serial, [])
         self.first.setdefault(serial, time.time())
+        self.tasks[serial] = task
 
     def finish(self, episode) -> tuple[int, list, float] | None:
         """Record a finished episode (tag (serial, j)) -> (serial, its episodes in order, seconds) once complete."""
@@ -83,12 +91,14 @@ class Groups:
         if len(self.done[serial]) < self.size:
             return None
         episodes = sorted(self.done.pop(serial), key=lambda e: e.tag[1])
+        self.tasks.pop(serial, None)
         return serial, episodes, time.time() - self.first.pop(serial)
 
     def state(self) -> dict:
         return {
             "done": {s: [e.state() for e in eps] for s, eps in self.done.items()},
             "elapsed": {s: time.time() - t for s, t in self.first.items()},
+            "tasks": dict(self.tasks),
         }
 
     def restore(self, state: dict, task_of) -> None:
@@ -99,6 +109,7 @@ class Groups:
             for s, eps in state["done"].items()
         }
         self.first = {int(s): time.time() - t for s, t in state["elapsed"].items()}
+        self.tasks = {int(s): t for s, t in state.get("tasks", {}).items()}  # absent from older checkpoints
 
 
 class Worker:
@@ -160,7 +171,12 @@ class Worker:
                 return False
             version = newest
         else:
-            self.board.wait_for(self.shadow, version, self._waiting)
+            try:
+                self.board.wait_for(self.shadow, version, self._waiting)
+            except RuntimeError:
+                if self.stopping:
+                    raise Stopping from None
+                raise
         if self.sampler.policy is None:
             self.sampler.setup(self.shadow, version)
         else:
@@ -171,11 +187,21 @@ class Worker:
         return True
 
     def _waiting(self) -> bool:
+        """While waiting for weights: beat, and answer a checkpoint's Pause (the trainer cannot publish the
+        version waited for before its checkpoint is written)."""
         self.beat()
-        return self.parent_alive()
+        self.messages(block=False)
+        return self.parent_alive() and not self.stopping
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> None:
+        try:
+            self._loop()
+        except Stopping:
+            pass
+        self.policy.close()
+
+    def _loop(self) -> None:
         while not self.stopping:
             self.messages(block=self.policy.idle())
             if self.stopping:
@@ -184,7 +210,6 @@ class Worker:
             self.policy.step()
             self.stats.busy += time.perf_counter() - start
             self.beat()
-        self.policy.close()
 
     def messages(self, block: bool) -> None:
         """Take the messages waiting (with `block`, wait for one, beating meanwhile)."""
@@ -355,7 +380,7 @@ class FreeRunning(_Policy):
 
     def _open(self, work: Work) -> None:
         for group in work.groups:
-            self.groups.open(group.serial)
+            self.groups.open(group.serial, group.task)
             self.waiting.extend((group.serial, j, group.task) for j in range(group.episodes))
 
     def _start(self, n: int) -> None:
@@ -424,6 +449,8 @@ class Deterministic(_Policy):
         if self.current is None:
             if not self.batches:
                 return
+            # its version first, waiting if need be: a checkpoint meanwhile finds the batch still queued
+            self.w.load(self.batches[0].start_version)
             self._begin_batch(self.batches.popleft())
         self._switch_on_schedule()
         room = (self.cfg.slots or len(self.waiting)) - self.rollout.in_flight
@@ -441,7 +468,6 @@ class Deterministic(_Policy):
         cfg = self.cfg
         b = work.batch
         self.current = work
-        self.w.load(work.start_version)
         generator = torch.Generator().manual_seed(batch_seed(cfg.seed, self.w.rank, b))
         self.w.env_generator.manual_seed(batch_seed(cfg.seed + 2, self.w.rank, b))
         self.tool_generator = torch.Generator().manual_seed(batch_seed(cfg.seed + 3, self.w.rank, b))
@@ -450,7 +476,7 @@ class Deterministic(_Policy):
         self.batch_done: dict[int, list] = {}
         self.batch_started = time.time()
         for group in work.groups:
-            self.groups.open(group.serial)
+            self.groups.open(group.serial, group.task)
             self.waiting.extend((group.serial, j, group.task) for j in range(group.episodes))
 
     def _switch_on_schedule(self) -> None:
