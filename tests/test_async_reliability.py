@@ -124,7 +124,15 @@ def test_resume_last_over_checkpoints_that_cannot_be_read_is_an_error(tmp_path, 
 
 
 # -- 2. killed at a random moment, resumed: nothing lost, nothing trained twice --------------------------
-@pytest.mark.parametrize("deterministic, slots", [(False, 0), (True, 0), (False, 8), (True, 8)])
+@pytest.mark.parametrize(
+    "deterministic, slots",
+    [
+        (False, 0),
+        (True, 8),  # the deterministic equality, with slots and a kill during tool waits
+        pytest.param(True, 0, marks=pytest.mark.slow),
+        pytest.param(False, 8, marks=pytest.mark.slow),
+    ],
+)
 def test_sigkill_at_a_random_moment_then_resume_loses_and_repeats_nothing(
     tmp_path, model_dir, deterministic, slots
 ):
