@@ -8,8 +8,8 @@ transformers causal LM.
     python train.py --devices 2 --strategy ddp          # two processes (gloo on CPU), the batch split over them
 
 Exit status: 0 done; 2 bad input (one line says which); 3 stopped by a numerical guard or the strict health
-check; 4 every step was skipped (nothing could be learned); 5 a rollout worker failed, died or hung (one line
-names it; the last checkpoint is intact); 130 / 143 stopped by Ctrl-C / SIGTERM.
+check; 4 every step was skipped (nothing could be learned); 5 a rollout worker or an inference engine failed, died or
+hung (one line names it; the last checkpoint is intact); 130 / 143 stopped by Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from lrl.pipeline.local import WorkerError
     from lrl.run import build_run, fit
     from lrl.update import NumericalError
+    from samplers.vllm import EngineError
 
     try:
         run = build_run(cfg)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except (NumericalError, HealthCheckError) as err:
         print(f"train.py: stopped: {one_line(err)}", file=sys.stderr)
         return 3
-    except WorkerError as err:
+    except (WorkerError, EngineError) as err:
         print(f"train.py: stopped: {one_line(err)}", file=sys.stderr)
         return WORKER_FAILED
     if not run.trainer.is_global_zero:

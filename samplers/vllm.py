@@ -44,6 +44,10 @@ INSTALL = (
 )
 
 
+class EngineError(RuntimeError):
+    """The inference engine failed while it was sampling; the message says what it raised."""
+
+
 def vllm_missing() -> str | None:
     """Why vLLM cannot be used here (None: it can), without importing it (an import takes seconds)."""
     if importlib.util.find_spec("vllm") is None:
@@ -125,7 +129,11 @@ class VLLMTurns:
         out: dict[int, Produced] = {}
         if not self.running:
             return out
-        for result in self.engine.step():
+        try:
+            results = self.engine.step()
+        except Exception as err:  # noqa: BLE001 (whatever the engine raises ends the run, named)
+            raise EngineError(f"the vLLM engine failed during a step: {type(err).__name__}: {err}") from err
+        for result in results:
             key = self.requests.get(result.request_id)
             if key is None:  # an aborted request's last words
                 continue

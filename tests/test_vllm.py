@@ -204,3 +204,31 @@ def test_the_engine_log_probs_equal_the_trainers_after_many_in_place_updates(tok
             assert (old - batch["sample_logp"])[on].abs().max() < 1e-4, version
     finally:
         sampler.close()
+
+
+def test_an_engine_that_fails_mid_run_stops_it_with_one_line_and_the_checkpoint_intact(
+    tmp_path, format_policy, monkeypatch
+):
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from samplers.vllm import EngineError
+
+    real, calls = LLMEngine.step, []
+
+    def failing(self):
+        calls.append(1)
+        if len(calls) > 40:  # well into the third step
+            raise RuntimeError("the engine core died")
+        return real(self)
+
+    monkeypatch.setattr(LLMEngine, "step", failing)
+    cfg = quick_cfg(
+        sampler="vllm", eval_at_start=False, max_steps=20, checkpoint_every=1, log_dir=str(tmp_path)
+    )
+    run = build_run(cfg, callbacks=[], logger=False, policy=copy.deepcopy(format_policy))
+    with pytest.raises(
+        EngineError, match="the vLLM engine failed during a step: RuntimeError: the engine core"
+    ):
+        fit(run)
+    saved = torch.load(run.folder.checkpoints / "last.ckpt", map_location="cpu", weights_only=True)
+    assert 0 < saved["global_step"] == len(run.module.history)  # the last finished step is saved
