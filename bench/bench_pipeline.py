@@ -2,6 +2,7 @@
 
     python bench/bench_pipeline.py                 # 3 repeats of sync, async (bound 1) and async --deterministic
     python bench/bench_pipeline.py --repeats 5 --steps 40
+    python bench/bench_pipeline.py --backends      # rollout workers as local processes against Ray actors
 
 Part 1 runs ``python train.py`` (evaluation and checkpoints off, one torch thread per process) and prints steps per
 second, mean ± standard error over repeats, and each mode's ratio to sync; the deterministic row is what the
@@ -10,6 +11,12 @@ takes to generate one group of episodes on its own (the base policy on the train
 durations, with the synchronous run's training time per step, to the simulator (`lrl.sim`) for 64 workers with
 one group per job: steps per second at staleness bounds 0 (synchronous), 1, 2 and 4. The projection holds the
 trainer's time fixed (one trainer, as here); it is a model, not a measurement.
+
+``--backends`` (needs ``pip install -e ".[ray]"``) runs the same async work (bound 1, two workers) with
+``--rollout-backend local`` and ``ray`` (a one-node Ray the run starts) and prints steps per second with repeats
+and error bars, the ratio, and the seconds per step Ray adds; then what one message between the controller and
+an actor costs, and what publishing the weights costs by parameter count (the object store against the local
+shared-memory board).
 """
 
 from __future__ import annotations
@@ -26,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
+from lrl.experiments.calibrate import SKIP, steps_per_s  # noqa: E402
 from lrl.experiments.pipeline import RUN_FLAGS  # noqa: E402  the same train.py flags as the experiment
 from lrl.experiments.stats import mean_se  # noqa: E402
-from lrl.experiments.calibrate import SKIP, steps_per_s  # noqa: E402
 
 MODES = {
     "sync": [],
@@ -102,11 +109,157 @@ def project(
     return rows
 
 
+# -- --backends: local processes against Ray actors -----------------------------------------------------
+BACKEND_WORK = ["--pipeline", "async", "--max-staleness", "1", "--rollout-workers", "2"]
+SIZES = {"0.15M": None, "6M": 6_000_000, "60M": 60_000_000}  # None: the TinyAgent policy itself
+
+
+def backend_rates(repeats: int, steps: int) -> dict[str, list[float]]:
+    """Steps per second of the same async work on each backend, interleaved repeats."""
+    rates: dict[str, list[float]] = {"local": [], "ray": []}
+    for k in range(repeats):
+        for backend in rates:
+            rate, _ = run([*BACKEND_WORK, "--rollout-backend", backend], k, steps)
+            rates[backend].append(rate)
+            print(f"  repeat {k} {backend}: {rate:.3f} steps/s", flush=True)
+    return rates
+
+
+def message_costs(n: int = 400) -> dict[str, float]:
+    """Milliseconds per controller -> actor message (calls sent back to back, then one awaited) and per call
+    round trip (an empty collect, what an idle long poll costs), on a one-node Ray."""
+    from lrl.pipeline.messages import Resume
+    from lrl.pipeline.ray_backend import RolloutActor
+    from lrl.pipeline.ray_cluster import RayRuntime
+
+    runtime = RayRuntime(None, 2)
+    ray = runtime.connect()
+    try:
+        actor = ray.remote(max_concurrency=8)(RolloutActor).options(num_cpus=1).remote(0, [])
+        ray.get(actor.place.remote())
+        start = time.perf_counter()
+        for i in range(n):
+            actor.deliver.remote(i + 1, Resume())  # numbered past 0: held in order, never run
+        ray.get(actor.place.remote())
+        sent = (time.perf_counter() - start) / n
+        trips = []
+        for _ in range(n // 4):
+            t = time.perf_counter()
+            ray.get(actor.collect.remote(0.0))
+            trips.append(time.perf_counter() - t)
+    finally:
+        runtime.close()
+    return {"message": 1e3 * sent, "round trip": 1e3 * statistics.median(trips)}
+
+
+def _state(parameters: int | None) -> dict:
+    import torch
+
+    if parameters is None:
+        from lrl.arguments import parse_args
+        from lrl.envs import make_env
+        from lrl.run import run_tokenizer
+
+        cfg = parse_args([])
+        return make_env(cfg, run_tokenizer(cfg)).warm_start().state_dict()
+    side = 1024
+    rows = parameters // side
+    return {f"w{i}": torch.randn(rows // 8, side) for i in range(8)}  # eight matrices, float32
+
+
+def publish_costs(repeats: int = 5) -> dict[str, dict[str, float]]:
+    """Per size: milliseconds to publish (local board, object store put + announce to 2 actors) and for an actor
+    to load a version (fetch and copy into its model), medians of `repeats`."""
+    import torch
+
+    from lrl.pipeline.board import WeightBoard
+    from lrl.pipeline.ray_board import ObjectStoreBoard, from_arrays
+    from lrl.pipeline.ray_cluster import RayRuntime
+
+    class Holder(torch.nn.Module):
+        def __init__(self, state):
+            super().__init__()
+            for k, tensor in enumerate(state.values()):
+                self.register_buffer(f"b{k}", torch.zeros_like(tensor))
+
+    class Loader:
+        def load(self, names: list, refs: list) -> float:
+            start = time.perf_counter()
+            state = from_arrays(names, ray.get(refs[0]))
+            for value in state.values():
+                value.clone()  # what load_state_dict's copy costs, into memory of its own
+            return time.perf_counter() - start
+
+    runtime = RayRuntime(None, 2)
+    ray = runtime.connect()
+    out = {}
+    try:
+        loaders = [ray.remote(Loader).options(num_cpus=1).remote() for _ in range(2)]
+
+        class Owner:
+            def connect(self):
+                return ray
+
+            def announce(self, version, ref):
+                pass
+
+        for name, parameters in SIZES.items():
+            state = _state(parameters)
+            count = sum(t.numel() for t in state.values())
+            model = Holder(state)
+            local = WeightBoard(model, 0, 1)
+            board = ObjectStoreBoard(model, 1, owner=Owner())
+            local_ms, put_ms, load_ms = [], [], []
+            for v in range(1, repeats + 1):
+                local_ms.append(1e3 * local.publish_state(state, v))
+                put_ms.append(1e3 * board.publish_state(state, v))
+                ref = board.refs[v]
+                loads = ray.get([a.load.remote(board.names, [ref]) for a in loaders])
+                load_ms.append(1e3 * max(loads))
+            out[name] = {
+                "parameters": count,
+                "local publish": statistics.median(local_ms),
+                "ray publish": statistics.median(put_ms),
+                "ray load": statistics.median(load_ms),
+            }
+            print(f"  {name}: {out[name]}", flush=True)
+    finally:
+        runtime.close()
+    return out
+
+
+def backends_main(args) -> int:
+    """The --backends section (see the module docstring)."""
+    rates = backend_rates(args.repeats, args.steps)
+    local_mu = statistics.fmean(rates["local"])
+    print("\nsteps per second, the same async work (bound 1, 2 workers; mean ± SE over repeats):")
+    for backend, xs in rates.items():
+        mu, se = mean_se(xs)
+        print(f"  {backend:6s} {mu:.3f} ± {se:.3f}   ratio to local {mu / local_mu:.2f}")
+    ray_mu = statistics.fmean(rates["ray"])
+    print(f"  Ray adds {1e3 * (1 / ray_mu - 1 / local_mu):+.0f} ms per step")
+    costs = message_costs()
+    print(
+        f"\none message to an actor: {costs['message']:.3f} ms (sent back to back); "
+        f"a call's round trip: {costs['round trip']:.3f} ms (median)"
+    )
+    print("\npublishing a version (median of 5; load: the slower of 2 actors, fetch and copy):")
+    for name, row in publish_costs().items():
+        print(
+            f"  {name:6s} ({row['parameters'] / 1e6:.2f}M): local board {row['local publish']:.2f} ms, "
+            f"object store {row['ray publish']:.2f} ms, actor load {row['ray load']:.2f} ms"
+        )
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--backends", action="store_true", help="local processes against Ray actors (needs ray)")
     args = p.parse_args()
+    if args.backends:
+        return backends_main(args)
     rates: dict[str, list[float]] = {m: [] for m in MODES}
     train_times = []
     for k in range(args.repeats):

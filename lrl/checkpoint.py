@@ -54,6 +54,12 @@ RESUMABLE_CHANGES = {
     "overwrite",
     "monitor_jumps",
     "jump_factor",
+    # where the rollout workers run: the controller's checkpointed state is the same for every backend
+    "rollout_backend",
+    "worker_cpus",
+    "worker_gpus",
+    "ray_address",
+    "worker_restarts",
 }
 
 

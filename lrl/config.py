@@ -19,6 +19,7 @@ from lrl.registry import CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, Registry, load_
 
 REGISTRIES: dict[str, Registry] = {"sampler": SAMPLERS, "correction": CORRECTIONS, "env": ENVS}
 ASYNC = {"pipeline": "async"}  # options of the asynchronous pipeline alone (option(..., when=ASYNC))
+RAY = {**ASYNC, "rollout_backend": "ray"}  # options of rollout workers as Ray actors alone
 
 
 class ConfigError(ValueError):
@@ -136,6 +137,26 @@ class Config:
         True,
         "drop episodes older than max_staleness when the trainer takes them (false: the throttle alone)",
         when=ASYNC,
+    )
+    rollout_backend: str = option(
+        "local",
+        "where rollout workers run: local (processes on this machine) or ray (Ray actors, docs/scaling.md)",
+        choices=("local", "ray"),
+        when=ASYNC,
+    )
+    worker_cpus: float = option(1.0, "CPUs each rollout actor declares to Ray", gt=0, le=4096, when=RAY)
+    worker_gpus: float = option(0.0, "GPUs each rollout actor declares to Ray", ge=0, le=64, when=RAY)
+    ray_address: str | None = option(
+        None,
+        "a running Ray cluster to attach to (HOST:PORT of its head, or auto); none: start one with the run",
+        when=RAY,
+    )
+    worker_restarts: int = option(
+        0,
+        "times a rollout actor that dies is replaced (its unfinished groups generated again); 0: the run stops",
+        ge=0,
+        le=1000,
+        when=RAY,
     )
     slots: int = option(
         0,
@@ -349,7 +370,31 @@ def _pipeline_rules(cfg: Config) -> list[str]:
             f"rollout_workers: {cfg.rollout_workers} is more than the {groups} groups of work a step has per "
             f"process (tasks_per_step / (devices x num_nodes)), so some would never work; use at most {groups}"
         )
+    if cfg.rollout_backend == "ray":
+        problems += _ray_rules(cfg)
+    if cfg.ray_address is not None:  # the actors run on the cluster's machines, not in this one's memory
+        return problems
     return problems + check_workers(cfg)
+
+
+def _ray_rules(cfg: Config) -> list[str]:
+    """Ray actors: the package is installed; an address that is auto or HOST:PORT."""
+    import importlib.util
+
+    problems = []
+    if importlib.util.find_spec("ray") is None:
+        problems.append(
+            "rollout_backend: 'ray' needs the ray package, which is not installed: pip install -e \".[ray]\""
+        )
+    address = cfg.ray_address
+    if address is not None and address != "auto":
+        host, _, port = address.rpartition(":")
+        if "://" in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            problems.append(
+                f"ray_address: {address!r} is not allowed; give HOST:PORT of the cluster's head (e.g. "
+                "127.0.0.2:6379) or auto"
+            )
+    return problems
 
 
 def _run_name_rules(cfg: Config) -> list[str]:

@@ -70,6 +70,12 @@ class LocalWorkers:
     def running(self) -> bool:
         return bool(self.procs)
 
+    def make_board(self, model, version: int, slots: int):
+        """The run's weight board: shared memory the workers read (lrl.pipeline.board)."""
+        from lrl.pipeline.board import WeightBoard
+
+        return WeightBoard(model, version, slots)
+
     def start(self, setups: list) -> None:
         """Spawn one worker per Setup and send it its setup."""
         ctx = mp.get_context("spawn")

@@ -29,7 +29,7 @@ class Setup:
     cfg: dict
     rank: int
     world: int  # ranks in the run (the worker's share of a batch depends on it)
-    board: Any  # lrl.pipeline.board.WeightBoard (shared memory)
+    board: Any  # lrl.pipeline.board.WeightBoard (shared memory), or lrl.pipeline.ray_board's (object store)
     model_class: type
     model_config: Any
     restore: dict | None  # the worker's state from a checkpoint, or None for a fresh start
@@ -86,6 +86,8 @@ class WorkerStats:
     capacity_seconds: float = 0.0  # summed over the slots it has
     switches: int = 0  # weight loads
     switch_seconds: float = 0.0  # spent loading weights (decoding paused)
+    restarts: int = 0  # times the worker was replaced after it died (Ray actors, --worker-restarts)
+    lost: int = 0  # episodes in flight on a worker that died, generated again by its replacement
 
 
 @dataclass

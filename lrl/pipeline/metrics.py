@@ -59,4 +59,6 @@ def pipeline_metrics(
         "pipeline/episode_seconds": _mean(e.seconds for e in kept),
         "pipeline/launched_seconds": _mean(finished_seconds),
         "time/worker_sync": workers.switch_seconds / max(workers.switches, 1),
+        "pipeline/restarts": float(workers.restarts),
+        "pipeline/lost": float(workers.lost),
     }

@@ -22,8 +22,7 @@ import time
 import torch
 
 from lrl.batch import Batch
-from lrl.pipeline.board import WeightBoard
-from lrl.pipeline.local import LocalWorkers
+from lrl.pipeline.backends import make_workers
 from lrl.pipeline.messages import BatchDone, Beat, Group, GroupDone, Pause, Paused, Resume, Setup
 from lrl.pipeline.metrics import StepWindow, delta, pipeline_metrics
 from lrl.pipeline.schedule import make_schedule
@@ -45,11 +44,11 @@ class AsyncSource:
         self.G = cfg.tasks_per_step  # groups per batch, this rank's share
         self.generator = torch.Generator().manual_seed(cfg.seed)  # the tasks of each batch
         self.picker = TaskPicker(spec.train_tasks, self.G, self.generator)
+        self.workers = make_workers(cfg)  # processes on this machine or Ray actors (--rollout-backend)
         # a deterministic schedule may ask for a version the trainer has passed: keep the last eta + 2
-        self.board = WeightBoard(policy, 0, self.eta + 2 if cfg.deterministic else 1)
+        self.board = self.workers.make_board(policy, 0, self.eta + 2 if cfg.deterministic else 1)
         self.model_class = type(policy)
         self.model_config = policy.config
-        self.workers = LocalWorkers(cfg.worker_timeout)
         self.schedule = make_schedule(cfg, self.G)
         self.issued = 0  # groups handed out so far (serials 0 .. issued - 1)
         self.group_task: dict[int, int] = {}  # serial -> task position, for groups not consumed yet
