@@ -180,7 +180,16 @@ class Config:
     eps_high: float = option(0.28, "upper clip of the ratio pi/pi_old (1 + eps_high)", ge=0, lt=1)
     max_grad_norm: float = option(1.0, "gradient-norm clip", gt=0)
     adam_eps: float = option(
-        1e-8, "Adam's epsilon (damps the normalised step of parameters with tiny gradients)", gt=0, lt=1
+        1e-5,
+        "Adam's epsilon (damps the normalised step of parameters with tiny gradients; docs/stability.md)",
+        gt=0,
+        lt=1,
+    )
+    adam_beta1: float = option(
+        0.9,
+        "Adam's first-moment decay: how much of earlier minibatches' gradient each update repeats",
+        ge=0,
+        lt=1,
     )
     lr_schedule: str = option(
         "cosine",
@@ -190,11 +199,24 @@ class Config:
     lr_final: float = option(
         0.1, "cosine schedule: the last step's learning rate, as a share of lr", ge=0, le=1
     )
+    entropy_coef: float = option(
+        0.0, "subtract this times the mean entropy of the action positions' distributions from the loss", ge=0, le=10
+    )
+    lr_warmup: int = option(
+        0,
+        "steps of linear warmup: step v < W runs at (v + 1) / (W + 1) of the scheduled rate (Adam's first "
+        "updates are a full lr per weight whatever the gradient)",
+        ge=0,
+        le=MAX_INT,
+    )
     target_kl: float | None = option(
         None, "stop a step's minibatch updates once KL(pi_old || pi) on the next minibatch exceeds this", gt=0
     )
     max_step_kl: float | None = option(
-        None, "take a step back (weights and Adam state) when its train/step_kl exceeds this", gt=0
+        0.3,
+        "take a step back (weights and Adam state) when its train/step_kl exceeds this (none: never; "
+        "docs/stability.md)",
+        gt=0,
     )
     step_kl: bool = option(
         True, "measure KL(pi_old || pi_new) on each step's batch after its updates (one forward)"

@@ -56,3 +56,10 @@ def clipped_policy_loss(
             "approx_kl": (((ratio - 1) - log_ratio) * mask).sum() / n,  # k3 estimator of KL(old||new)
         }
     return loss, stats
+
+
+def mean_entropy(logp_all: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean entropy of the policy's next-token distribution over the action positions: log-probs [B, T, V] and
+    mask [B, T] -> [] (differentiable; ``entropy_coef`` subtracts it from the loss)."""
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B, T]
+    return (entropy * mask).sum() / mask.sum().clamp(min=1.0)

@@ -19,8 +19,8 @@ import torch
 
 from lrl.batch import Batch, to_device
 from lrl.distributed import Ranks
-from lrl.losses import clipped_policy_loss
-from lrl.metrics import masked_mean, step_metrics
+from lrl.losses import clipped_policy_loss, mean_entropy
+from lrl.metrics import step_metrics
 from lrl.policy import sequence_log_probs
 from lrl.rollout import evaluate
 from lrl.stats import policy_shift
@@ -88,7 +88,8 @@ class OffPolicyModule(L.LightningModule):
             self.heldout_evaluation()
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.policy.parameters(), lr=self.cfg.lr, eps=self.cfg.adam_eps)
+        betas = (self.cfg.adam_beta1, 0.999)
+        return torch.optim.Adam(self.policy.parameters(), lr=self.cfg.lr, betas=betas, eps=self.cfg.adam_eps)
 
     # -- one step ------------------------------------------------------------------------------------
     def training_step(self, deferred, batch_idx):
@@ -160,8 +161,10 @@ class OffPolicyModule(L.LightningModule):
             loss, st = clipped_policy_loss(
                 logp, mb.old_logp, mb.token_adv, mb.action_mask, cfg.eps_low, cfg.eps_high
             )
-            with torch.no_grad():
-                st["entropy"] = masked_mean(-(logp_all.exp() * logp_all).sum(-1), mb.action_mask)
+            entropy = mean_entropy(logp_all, mb.action_mask)
+            if cfg.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
+                loss = loss - cfg.entropy_coef * entropy
+            st["entropy"] = entropy.detach()
             bad = {"logp (log pi)": nonfinite(logp[mb.action_mask.bool()]), "loss": nonfinite(loss)}
         else:  # this rank has no rows in the minibatch: a zero loss keeps the gradient all-reduce in step
             loss = sum(p.sum() for p in self.policy.parameters()) * 0.0

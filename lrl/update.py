@@ -106,11 +106,13 @@ def plan_update(
 
 def learning_rate(cfg, version: int) -> float:
     """The step's learning rate: cfg.lr, or with ``lr_schedule: cosine`` a cosine from cfg.lr at step 0 down to
-    cfg.lr * cfg.lr_final at the last step (a function of the version, so a resumed run continues it)."""
+    cfg.lr * cfg.lr_final at the last step; with ``lr_warmup: W`` the first W steps take (v + 1) / (W + 1) of it
+    (a function of the version, so a resumed run continues it)."""
+    warm = min((version + 1) / (cfg.lr_warmup + 1), 1.0)
     if cfg.lr_schedule == "constant":
-        return cfg.lr
+        return cfg.lr * warm
     progress = min(version / max(cfg.max_steps - 1, 1), 1.0)
-    return cfg.lr * (cfg.lr_final + (1 - cfg.lr_final) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return warm * cfg.lr * (cfg.lr_final + (1 - cfg.lr_final) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 class UpdateGuard:

@@ -245,7 +245,7 @@ def test_the_jump_monitor_never_prints_a_ratio_to_zero():
     from callbacks.jumps import JumpMonitor
 
     monitor = JumpMonitor(factor=5.0)
-    text = monitor.describe(7, "train/invalid", "malformed-action rate", 0.125, 0.0)
+    text = monitor.describe(7, "train/step_kl", "KL of the step", 0.125, 0.0)
     assert "x its median" not in text and "0.125" in text and "median 0" in text
     text = monitor.describe(7, "train/invalid", "malformed-action rate", 0.5, 0.05)
-    assert "10.0x" in text
+    assert "10.0x its rate 0.05" in text

@@ -28,7 +28,6 @@ def one_seed(args: tuple) -> dict:
     import logging
     import warnings
 
-    warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     from lrl.arguments import parse_args
     from lrl.run import build_run, fit
@@ -47,8 +46,11 @@ def one_seed(args: tuple) -> dict:
         ]
     )
     start = time.time()
-    run = build_run(cfg)
-    result = fit(run)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = build_run(cfg)
+        result = fit(run)
+    ours = [str(w.message) for w in caught if is_ours(w.filename)]
     history = run.module.history
     late = [h["train/invalid"] for h in history if h["step"] >= LATE]
     return {
@@ -57,6 +59,8 @@ def one_seed(args: tuple) -> dict:
         "invalid": result["invalid"],
         **{m: result[m] for m in run.spec.metrics},
         "max_late_train_invalid": max(late) if late else float("nan"),
+        "warnings": len(ours),
+        "warning_texts": ours,
         "heldout": [(e["step"], e["pass_rate"]) for e in run.module.evals],
         "train_reward": [h["train/reward"] for h in history],
         "history": history,
@@ -65,10 +69,26 @@ def one_seed(args: tuple) -> dict:
     }
 
 
+def is_ours(filename: str) -> bool:
+    """A warning raised by the package's own code (lrl, callbacks, samplers), not by a library it uses."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        part = Path(filename).resolve().relative_to(root).parts[0]
+    except (ValueError, IndexError):
+        return False
+    return part in ("lrl", "callbacks", "samplers", "train.py")
+
+
+def cell(result: dict, column: str) -> str:
+    """A table cell: a count as an integer, a rate to three decimals."""
+    value = result.get(column, 0)
+    return str(value) if column == "warnings" else f"{value:.3f}"
+
+
 def markdown(results: list[dict], flags: list[str], metrics: list[str], machine: str) -> str:
     """Per-seed rows, then mean ± standard error and the minimum of each column."""
-    cols = ["pass_rate", *metrics, "invalid", "max_late_train_invalid"]
-    head = ["seed", "held-out pass rate", *metrics, "invalid", f"max train/invalid after step {LATE}"]
+    cols = ["pass_rate", *metrics, "invalid", "max_late_train_invalid", "warnings"]
+    head = ["seed", "held-out pass rate", *metrics, "invalid", f"max train/invalid after step {LATE}", "warnings"]
     lines = [
         f"`python train.py {' '.join(flags)}` over {len(results)} seeds, on {machine}.",
         "",
@@ -76,10 +96,10 @@ def markdown(results: list[dict], flags: list[str], metrics: list[str], machine:
         "|" + "---|" * len(head),
     ]
     for r in sorted(results, key=lambda r: r["seed"]):
-        lines.append(f"| {r['seed']} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |")
-    stats = {c: mean_se([r[c] for r in results]) for c in cols}
+        lines.append(f"| {r['seed']} | " + " | ".join(cell(r, c) for c in cols) + " |")
+    stats = {c: mean_se([r.get(c, 0) for r in results]) for c in cols}
     lines.append("| mean ± SE | " + " | ".join(f"{stats[c][0]:.3f} ± {stats[c][1]:.3f}" for c in cols) + " |")
-    lines.append("| minimum | " + " | ".join(f"{min(r[c] for r in results):.3f}" for c in cols) + " |")
+    lines.append("| minimum | " + " | ".join(f"{min(r.get(c, 0) for r in results):.3f}" for c in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -155,9 +175,12 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             print(
                 f"[{i}/{len(cells)}] seed {r['seed']}: held-out {r['pass_rate']:.3f} invalid {r['invalid']:.3f} "
-                f"max late train/invalid {r['max_late_train_invalid']:.3f} ({time.time() - start:.0f} s)",
+                f"max late train/invalid {r['max_late_train_invalid']:.3f}, {r['warnings']} warnings "
+                f"({time.time() - start:.0f} s)",
                 flush=True,
             )
+            for text in r["warning_texts"]:
+                print(f"    seed {r['seed']}: {text}", flush=True)
     table = markdown(results, args.flags, list(spec.metrics), machine())
     table += f"\nWall time: {time.time() - start:.0f} s for {len(cells)} runs ({args.jobs} in parallel).\n"
     (out / "table.md").write_text(table)
