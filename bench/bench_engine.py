@@ -75,7 +75,7 @@ def hf_generate(model, prompts, new_tokens, pad_id):
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
         generation_config=config,
-        cache=DynamicCache(config=model.config),
+        past_key_values=DynamicCache(config=model.config),
     )
     return out.sequences[:, ids.shape[1] :]
 

@@ -80,7 +80,7 @@ class HealthCheck(L.Callback):
         mean, p99, worst = values
         if mean <= self.threshold and p99 <= self.threshold_p99:
             return
-        sampler = getattr(getattr(pl_module, "sampler", None), "name", "?")
+        sampler = getattr(getattr(pl_module, "cfg", None), "sampler", "?")
         message = (
             f"HealthCheck: at the first step (version {now}) the trainer and the same-weights sampler "
             f"{sampler!r} disagree: mean |log pi_old - log mu| = {mean:.4g} nats (threshold {self.threshold:g}), "

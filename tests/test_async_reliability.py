@@ -128,7 +128,8 @@ def test_resume_last_over_checkpoints_that_cannot_be_read_is_an_error(tmp_path, 
     "deterministic, slots",
     [
         (False, 0),
-        (True, 8),  # the deterministic equality, with slots and a kill during tool waits
+        # the deterministic equality, with slots and a kill during tool waits (slow: 28 s)
+        pytest.param(True, 8, marks=pytest.mark.slow),
         pytest.param(True, 0, marks=pytest.mark.slow),
         pytest.param(False, 8, marks=pytest.mark.slow),
     ],

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.xdist_group("entrypoints")  # the module-scoped runs of every entry point, once
 MAIN_BLOCK = re.compile(r"""^if __name__ == ["']__main__["']:""", re.M)
 
 # a few seconds each; {events} is a folder of TensorBoard scalars made for the test

@@ -38,7 +38,7 @@ from lrl.pipeline.ray_keeper import MARKER  # noqa: E402
 from lrl.policy import save_policy  # noqa: E402
 from lrl.run import build_run, fit  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # the module's cluster on one worker
 
 # the cluster's GCS declares a node dead after about 2 s of failed health checks (Ray's default: 15 s)
 HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4"}
@@ -266,6 +266,7 @@ def test_a_ray_whose_starter_is_killed_is_stopped_by_its_keeper():
     wait_until(lambda: not processes_of(mark), 20, "every process of the node and its keeper to end")
 
 
+@pytest.mark.slow  # 20 s; the keeper's stop after a SIGKILL runs by default
 def test_a_run_with_its_own_ray_stops_on_sigterm_to_its_group_and_leaves_nothing(model_dir, tmp_path):
     history = tmp_path / "h.jsonl"
     ckpts = tmp_path / "ck"

@@ -22,6 +22,7 @@ from samplers.vllm import vllm_missing
 
 pytestmark = [
     pytest.mark.vllm,
+    pytest.mark.xdist_group("vllm"),  # one engine's tests on one worker of the parallel run
     pytest.mark.skipif(vllm_missing() is not None, reason=f"vLLM tests: {vllm_missing()}"),
 ]
 
