@@ -3,6 +3,7 @@
     python bench/bench_pipeline.py                 # 3 repeats of sync, async (bound 1) and async --deterministic
     python bench/bench_pipeline.py --repeats 5 --steps 40
     python bench/bench_pipeline.py --backends      # rollout workers as local processes against Ray actors
+    python bench/bench_pipeline.py --slotted       # 64 slots with slow tools: sync against async bounds 1 and 2
 
 Part 1 runs ``python train.py`` (evaluation and checkpoints off, one torch thread per process) and prints steps per
 second, mean ± standard error over repeats, and each mode's ratio to sync; the deterministic row is what the
@@ -11,6 +12,11 @@ takes to generate one group of episodes on its own (the base policy on the train
 durations, with the synchronous run's training time per step, to the simulator (`lrl.sim`) for 64 workers with
 one group per job: steps per second at staleness bounds 0 (synchronous), 1, 2 and 4. The projection holds the
 trainer's time fixed (one trainer, as here); it is a model, not a measurement.
+
+``--slotted`` runs the slow-tool workload of the designs experiment (64 engine slots, tool calls of lognormal
+seconds with median 0.3 and sigma 1.0, 8 tasks x 8 episodes a step) synchronously and asynchronously at bounds 1
+and 2 (partial rollouts interrupted), and prints trained episodes per second with repeats and error bars, and each
+row's ratio to sync.
 
 ``--backends`` (needs ``pip install -e ".[ray]"``) runs the same async work (bound 1, two workers) with
 ``--rollout-backend local`` and ``ray`` (a one-node Ray the run starts) and prints steps per second with repeats
@@ -252,14 +258,43 @@ def backends_main(args) -> int:
     return 0
 
 
+# -- --slotted: the slow-tool workload --------------------------------------------------------------------
+SLOTTED = ["--slots", "64", "--tool-latency", "lognormal:0.3:1.0", "--tasks-per-step", "8", "--episodes-per-task", "8"]
+SLOTTED_MODES = {
+    "sync": [],
+    "async, bound 1": ["--pipeline", "async", "--max-staleness", "1", "--partial-rollouts", "interrupt"],
+    "async, bound 2": ["--pipeline", "async", "--max-staleness", "2", "--partial-rollouts", "interrupt"],
+}
+EPISODES = 64  # a step's episodes in the slotted workload
+
+
+def slotted_main(args) -> int:
+    """The --slotted section (see the module docstring)."""
+    rates: dict[str, list[float]] = {m: [] for m in SLOTTED_MODES}
+    for k in range(args.repeats):
+        for mode, flags in SLOTTED_MODES.items():
+            rate, _ = run([*SLOTTED, *flags], k, args.steps)
+            rates[mode].append(EPISODES * rate)
+            print(f"  repeat {k} {mode}: {EPISODES * rate:.1f} episodes/s", flush=True)
+    sync_mu = statistics.fmean(rates["sync"])
+    print("\ntrained episodes per second, 64 slots with slow tools (mean ± SE over repeats):")
+    for mode, xs in rates.items():
+        mu, se = mean_se(xs)
+        print(f"  {mode:16s} {mu:.1f} ± {se:.1f}   ratio to sync {mu / sync_mu:.2f}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--backends", action="store_true", help="local processes against Ray actors (needs ray)")
+    p.add_argument("--slotted", action="store_true", help="64 slots with slow tools: sync against async 1 and 2")
     args = p.parse_args()
     if args.backends:
         return backends_main(args)
+    if args.slotted:
+        return slotted_main(args)
     rates: dict[str, list[float]] = {m: [] for m in MODES}
     train_times = []
     for k in range(args.repeats):

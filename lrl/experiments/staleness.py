@@ -76,15 +76,33 @@ def time_to(history: list[dict], target: float, window: int = 3) -> float:
     return float("nan")
 
 
+HISTORY_KEYS = (
+    "train/reward",
+    "train/reads",
+    "train/invalid",
+    "train/entropy",
+    "train/step_kl",
+    "train/clip_frac",
+    "train/grad_norm",
+    "train/reverted",
+    "mismatch/abs_mean",
+    "mismatch/over_cap",
+    "offpolicy/masked",
+)  # the per-step metrics a run keeps in results.json, for lrl.experiments.staleness_causes_report
+
+
 def one_run(args: tuple) -> dict:
-    """Train one (row, lr, seed) cell with the shared flags -> its summary numbers."""
-    (sampler, lag, correction, level), lr, seed, steps, flags = args
+    """Train one (row, lr, seed) cell with the shared flags -> its summary numbers, its per-step history
+    (HISTORY_KEYS), its held-out evaluations and where its ratios leave the MIS band (band_probe)."""
+    (sampler, lag, correction, level), lr, seed, steps, flags, eval_every = args
     import logging
     import warnings
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    from callbacks import build_callbacks
     from lrl.arguments import parse_args
+    from lrl.experiments.band_probe import BandProbe, totals
     from lrl.rollout import evaluate
     from lrl.run import build_run, fit
 
@@ -100,7 +118,7 @@ def one_run(args: tuple) -> dict:
         "--max-steps",
         str(steps),
         "--eval-every",
-        str(steps),
+        str(eval_every),
         "--threads",
         "1",
         "--progress",
@@ -113,7 +131,8 @@ def one_run(args: tuple) -> dict:
         row += ["--lag", str(lag)]
     row += ["--level", level] if correction != "none" else []
     cfg = parse_args([*flags, *row])
-    run = build_run(cfg, logger=False)
+    probe = BandProbe()
+    run = build_run(cfg, callbacks=[*build_callbacks(cfg), probe], logger=False)
     result = fit(run)
     hist = run.module.history
     mean = lambda key: sum(h.get(key, 0.0) for h in hist) / len(hist)  # noqa: E731
@@ -139,6 +158,12 @@ def one_run(args: tuple) -> dict:
         heldout_long=sum(t["pass_rate"] for t in by_length[half:]) / max(len(by_length) - half, 1),
         time_to_target=time_to(hist, REWARD_TARGET),
         **{f"env_{m}": result[m] for m in run.spec.metrics},
+        heldout_invalid=result["invalid"],
+    )
+    band = totals(probe.steps)
+    out.update(
+        below_band=band["below"] / max(band["tokens"], 1.0),
+        above_band=band["above"] / max(band["tokens"], 1.0),
     )
     return {
         "sampler": sampler,
@@ -148,6 +173,9 @@ def one_run(args: tuple) -> dict:
         "lr": lr,
         "seed": seed,
         **out,
+        "history": [{"step": h["step"], **{k: h[k] for k in HISTORY_KEYS if k in h}} for h in hist],
+        "evals": [{k: e[k] for k in ("step", "pass_rate", "invalid", *run.spec.metrics)} for e in run.module.evals],
+        "band": probe.steps,
     }
 
 
@@ -158,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         "--lr", type=float, nargs="+", default=None, help="learning rates to sweep (default: train.py's lr)"
     )
     p.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
+    p.add_argument(
+        "--eval-every", type=int, default=None, help="held-out evaluation every N steps (default: at the end)"
+    )
     p.add_argument("--no-fp8", action="store_true", help="skip the two FP8 rows of the default table")
     p.add_argument(
         "--level",
@@ -183,15 +214,25 @@ def main(argv: list[str] | None = None) -> int:
         "--async-only", action="store_true", help="with --async-bounds: only lag 0 and the async rows"
     )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (1 thread each)")
-    p.add_argument("--out", default="results/staleness", help="directory for table.md, results.json, plot")
+    p.add_argument(
+        "--out", default="results/staleness", help="directory for table.md, causes.md, results.json, plot"
+    )
+    p.add_argument(
+        "--from-results",
+        metavar="JSON",
+        help="run nothing: write the tables of the rows, seeds and lrs given from this results.json",
+    )
     p.add_argument("flags", nargs="*", help="train.py flags for every run, after --")
     args = p.parse_args(argv)
     if args.lr is None:
         from lrl.config import Config
 
         args.lr = [Config().lr]
+    eval_every = args.steps if args.eval_every is None else args.eval_every
     if args.seeds < 1 or args.steps < 4 or args.jobs < 1 or any(lr <= 0 for lr in args.lr):
         p.error("--seeds and --jobs must be >= 1, --steps >= 4, every --lr > 0")
+    if eval_every < 1:
+        p.error("--eval-every must be >= 1")
     if args.grid:
         rows = grid_rows(args.sampler, args.lags, args.corrections, args.levels)
     else:
@@ -200,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.async_only:
         rows = [r for r in rows if r[:3] == ("lagged", 0, "none")]
     rows += [("async", b, c, "token") for b in args.async_bounds for c in ("none", "tis")]
+    out = Path(args.out)
+    if args.from_results:
+        results = json.loads(Path(args.from_results).read_text())
+        write_tables(results, rows, args, out, "")
+        return 0
     from lrl.arguments import parse_args
     from lrl.config import ConfigError
     from lrl.envs import make_env
@@ -211,12 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     if spec.warm_start is not None:
         spec.warm_start()  # build the cache once, before the workers
     cells = [
-        (row, lr, seed, args.steps, args.flags)
+        (row, lr, seed, args.steps, args.flags, eval_every)
         for lr in args.lr
         for row in rows
         for seed in range(args.seeds)
     ]
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     results = []
@@ -230,13 +275,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"({time.time() - start:.0f} s)",
                 flush=True,
             )
-    table = markdown(results, rows, args.lr, args.seeds, args.steps, args.flags)
-    table += f"\nWall time: {time.time() - start:.0f} s for {len(cells)} runs ({args.jobs} in parallel).\n"
+    wall = f"\nWall time: {time.time() - start:.0f} s for {len(cells)} runs ({args.jobs} in parallel).\n"
+    write_tables(results, rows, args, out, wall)
+    return 0
+
+
+def write_tables(results: list[dict], rows: list[tuple], args, out: Path, wall: str) -> None:
+    """table.md (the rows), causes.md (lrl.experiments.staleness_causes_report) and the plot, printed too."""
+    from lrl.experiments.staleness_causes_report import causes
+
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(results, rows, args.lr, args.seeds, args.steps, args.flags) + wall
     (out / "table.md").write_text(table)
+    analysis = causes(results, rows, args.lr)
+    (out / "causes.md").write_text(analysis)
     plot(results, rows, args.lr, out / "staleness.png")
     print(table)
-    print(f"wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'staleness.png'}")
-    return 0
+    print(analysis)
+    print(f"wrote {out / 'table.md'}, {out / 'causes.md'}, {out / 'results.json'}, {out / 'staleness.png'}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ METRICS = (
     "w3",
     "mismatch",
     "over_cap",
+    "below_band",
+    "above_band",
     "seq_over_cap",
     "seq_outside_band",
     "clip_frac",
@@ -51,8 +53,9 @@ def markdown(
         + ".",
         "",
         "| lr | sampler | lag | correction | level | held-out | reward by quarter | mismatch | over cap | "
-        f"seq over cap | seq outside band | tokens/episode | held-out short / long | s to reward {REWARD_TARGET} (reached) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "tokens below / above band | seq over cap | seq outside band | tokens/episode | held-out short / long | "
+        f"s to reward {REWARD_TARGET} (reached) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lr in lrs:
         for row in rows:
@@ -63,7 +66,8 @@ def markdown(
             lines.append(
                 f"| {lr:g} | {sampler} | {lag} | {corr} | {level if corr != 'none' else '-'} | "
                 f"{s['heldout'][0]:.3f} ± {s['heldout'][1]:.3f} | {window} | {s['mismatch'][0]:.3f} | "
-                f"{s['over_cap'][0]:.3f} | {s['seq_over_cap'][0]:.3f} | {s['seq_outside_band'][0]:.3f} | "
+                f"{s['over_cap'][0]:.3f} | {s['below_band'][0]:.3f} / {s['above_band'][0]:.3f} | "
+                f"{s['seq_over_cap'][0]:.3f} | {s['seq_outside_band'][0]:.3f} | "
                 f"{s['action_tokens'][0]:.1f} | {s['heldout_short'][0]:.3f} / {s['heldout_long'][0]:.3f} | "
                 f"{s['time_to_target'][0]:.0f} ({reached}/{total}) |"
             )
