@@ -259,7 +259,16 @@ def backends_main(args) -> int:
 
 
 # -- --slotted: the slow-tool workload --------------------------------------------------------------------
-SLOTTED = ["--slots", "64", "--tool-latency", "lognormal:0.3:1.0", "--tasks-per-step", "8", "--episodes-per-task", "8"]
+SLOTTED = [
+    "--slots",
+    "64",
+    "--tool-latency",
+    "lognormal:0.3:1.0",
+    "--tasks-per-step",
+    "8",
+    "--episodes-per-task",
+    "8",
+]
 SLOTTED_MODES = {
     "sync": [],
     "async, bound 1": ["--pipeline", "async", "--max-staleness", "1", "--partial-rollouts", "interrupt"],
@@ -289,7 +298,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--backends", action="store_true", help="local processes against Ray actors (needs ray)")
-    p.add_argument("--slotted", action="store_true", help="64 slots with slow tools: sync against async 1 and 2")
+    p.add_argument(
+        "--slotted", action="store_true", help="64 slots with slow tools: sync against async 1 and 2"
+    )
     args = p.parse_args()
     if args.backends:
         return backends_main(args)

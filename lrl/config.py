@@ -200,7 +200,10 @@ class Config:
         0.1, "cosine schedule: the last step's learning rate, as a share of lr", ge=0, le=1
     )
     entropy_coef: float = option(
-        0.0, "subtract this times the mean entropy of the action positions' distributions from the loss", ge=0, le=10
+        0.0,
+        "subtract this times the mean entropy of the action positions' distributions from the loss",
+        ge=0,
+        le=10,
     )
     lr_warmup: int = option(
         0,

@@ -220,7 +220,9 @@ class OffPolicyModule(L.LightningModule):
                 logger.log_metrics(
                     record.metrics, step=self.trainer.fit_loop.epoch_loop._batches_that_stepped
                 )
-        if "train/reward" in record.metrics:  # absent when every episode of the step failed in its environment
+        if (
+            "train/reward" in record.metrics
+        ):  # absent when every episode of the step failed in its environment
             self.log("reward", record.metrics["train/reward"], prog_bar=True, logger=False, batch_size=1)
 
     # -- checkpoints ---------------------------------------------------------------------------------

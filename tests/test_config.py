@@ -100,7 +100,10 @@ def test_train_py_reports_bad_input_without_traceback(tmp_path, capsys, monkeypa
     assert "choose one of onpolicy" in out.stderr and "Traceback" not in out.stderr
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit"}))
     monkeypatch.chdir(tmp_path)
-    for argv, needle in [(["--max-steps", "0"], "max_steps"), (["--model", str(tmp_path)], "not a causal LM")]:
+    for argv, needle in [
+        (["--max-steps", "0"], "max_steps"),
+        (["--model", str(tmp_path)], "not a causal LM"),
+    ]:
         assert script.main(argv) == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -19,7 +19,11 @@ class Tags(L.Callback):
         b = module.last_step.batch
         on = b["action_mask"].bool()
         self.rows.append(
-            (module.last_step.version, b["version"][on].unique().tolist(), list(module.source.sampler.kept_versions))
+            (
+                module.last_step.version,
+                b["version"][on].unique().tolist(),
+                list(module.source.sampler.kept_versions),
+            )
         )
 
 

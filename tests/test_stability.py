@@ -114,7 +114,9 @@ def feed(monitor: JumpMonitor, steps: list[dict], episodes: int = 64) -> list[di
 
     trainer = SimpleNamespace(loggers=[], world_size=1)
     for version, metrics in enumerate(steps):
-        record = SimpleNamespace(version=version, metrics=metrics, batch={"env_failure": torch.zeros(episodes)})
+        record = SimpleNamespace(
+            version=version, metrics=metrics, batch={"env_failure": torch.zeros(episodes)}
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             monitor.on_train_batch_end(trainer, SimpleNamespace(last_step=record), None, None, 0)

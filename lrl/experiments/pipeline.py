@@ -32,8 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-from lrl.experiments.pipeline_report import markdown, plot
-from lrl.experiments.stats import mean, mean_se, median
 from lrl.experiments.calibrate import (
     SKIP,
     async_train_time,
@@ -43,6 +41,8 @@ from lrl.experiments.calibrate import (
     steps_per_s,
     sync_train_time,
 )
+from lrl.experiments.pipeline_report import markdown, plot
+from lrl.experiments.stats import mean, mean_se, median
 
 RUN_FLAGS = [
     "--eval-every",

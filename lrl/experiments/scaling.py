@@ -29,7 +29,10 @@ from lrl.experiments.pipeline import RUN_FLAGS
 GROUP = 8  # episodes a group (task)
 BATCH = 64  # episodes a step in the measuring runs
 MEASURE = ["--pipeline", "async", "--slots", "64", "--tool-latency", "lognormal:0.3:1.0", "--max-steps", "10"]
-LAYOUTS = {64: [(64, 1), (16, 4), (4, 16)], 1024: [(1024, 1), (64, 16), (16, 64)]}  # slots -> (per worker, workers)
+LAYOUTS = {
+    64: [(64, 1), (16, 4), (4, 16)],
+    1024: [(1024, 1), (64, 16), (16, 64)],
+}  # slots -> (per worker, workers)
 BOUNDS = [0, 1, 2, 4, 16]
 STEPS = 40
 

@@ -34,7 +34,9 @@ def markdown(inputs: dict, rows: dict) -> str:
                 for eta in BOUNDS:
                     r = rows[(total, per, workers, batch, eta)]
                     mark = " T" if r["trainer_busy"] > 0.9 else ""
-                    cells.append(f"{r['episodes_per_s']:.0f} ({r['slot_util']:.2f}, {r['staleness']:.2f}){mark}")
+                    cells.append(
+                        f"{r['episodes_per_s']:.0f} ({r['slot_util']:.2f}, {r['staleness']:.2f}){mark}"
+                    )
                 lines.append(
                     f"| {per} x {workers} | {batch} | {total / mean_d:.0f} | " + " | ".join(cells) + " |"
                 )

@@ -88,7 +88,14 @@ def cell(result: dict, column: str) -> str:
 def markdown(results: list[dict], flags: list[str], metrics: list[str], machine: str) -> str:
     """Per-seed rows, then mean ± standard error and the minimum of each column."""
     cols = ["pass_rate", *metrics, "invalid", "max_late_train_invalid", "warnings"]
-    head = ["seed", "held-out pass rate", *metrics, "invalid", f"max train/invalid after step {LATE}", "warnings"]
+    head = [
+        "seed",
+        "held-out pass rate",
+        *metrics,
+        "invalid",
+        f"max train/invalid after step {LATE}",
+        "warnings",
+    ]
     lines = [
         f"`python train.py {' '.join(flags)}` over {len(results)} seeds, on {machine}.",
         "",

@@ -174,7 +174,9 @@ def one_run(args: tuple) -> dict:
         "seed": seed,
         **out,
         "history": [{"step": h["step"], **{k: h[k] for k in HISTORY_KEYS if k in h}} for h in hist],
-        "evals": [{k: e[k] for k in ("step", "pass_rate", "invalid", *run.spec.metrics)} for e in run.module.evals],
+        "evals": [
+            {k: e[k] for k in ("step", "pass_rate", "invalid", *run.spec.metrics)} for e in run.module.evals
+        ],
         "band": probe.steps,
     }
 

@@ -102,7 +102,13 @@ def course_table(results: list[dict], rows: list[tuple], lrs: list[float]) -> li
     """Per row, mean over seeds: held-out pass rate at each evaluation, and by quarter of the run the
     behavior policy's reads and malformed share and the step KL."""
     steps = sorted({e["step"] for r in results if "evals" in r for e in r["evals"]})
-    head = ["row", *[f"held-out @{s}" for s in steps], "reads by quarter", "invalid by quarter", "step KL by quarter"]
+    head = [
+        "row",
+        *[f"held-out @{s}" for s in steps],
+        "reads by quarter",
+        "invalid by quarter",
+        "step KL by quarter",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for lr in lrs:
         for row in rows:
@@ -126,7 +132,8 @@ def _quarters(cells: list[dict], key: str) -> str:
     parts = []
     for i in range(4):
         per_seed = [
-            mean([h.get(key, 0.0) for h in c["history"][i * q : (i + 1) * q]] or [float("nan")]) for c in cells
+            mean([h.get(key, 0.0) for h in c["history"][i * q : (i + 1) * q]] or [float("nan")])
+            for c in cells
         ]
         parts.append(f"{mean(per_seed):.{3 if 'kl' in key else 2}f}")
     return " ".join(parts)
