@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from lrl.experiments.calibrate import SKIP, steps_per_s  # noqa: E402
+from lrl.experiments.designs import WORKLOAD  # noqa: E402
 from lrl.experiments.pipeline import RUN_FLAGS  # noqa: E402  the same train.py flags as the experiment
 from lrl.experiments.stats import mean_se  # noqa: E402
 
@@ -259,16 +260,7 @@ def backends_main(args) -> int:
 
 
 # -- --slotted: the slow-tool workload --------------------------------------------------------------------
-SLOTTED = [
-    "--slots",
-    "64",
-    "--tool-latency",
-    "lognormal:0.3:1.0",
-    "--tasks-per-step",
-    "8",
-    "--episodes-per-task",
-    "8",
-]
+SLOTTED = WORKLOAD  # the designs experiment's workload (lrl.experiments.designs)
 SLOTTED_MODES = {
     "sync": [],
     "async, bound 1": ["--pipeline", "async", "--max-staleness", "1", "--partial-rollouts", "interrupt"],

@@ -104,8 +104,9 @@ class JumpMonitor(L.Callback):
             n = episodes(record.batch, trainer)
             counts = (round(invalid * n), n)
             rate = pooled_rate(self.invalid_recent)
-            jump = self._invalid_jump(*counts, rate)
-            detail = f" ({counts[0]} of {n} episodes, binomial tail {binomial_tail(*counts, rate):.1g})"
+            tail = binomial_tail(*counts, rate)
+            jump = self._invalid_jump(*counts, tail)
+            detail = f" ({counts[0]} of {n} episodes, binomial tail {tail:.1g})"
             self._event(trainer, record.version, INVALID, jump, invalid, rate, detail)
             flags["monitor/jump_invalid"] = float(jump)
             if not jump:
@@ -119,11 +120,12 @@ class JumpMonitor(L.Callback):
             return False
         return value > self.floors[KL] and value > self.factor * level
 
-    def _invalid_jump(self, k: int, n: int, rate: float) -> bool:
-        """k of n malformed is above the floor and improbable (tail < alpha) at the recent pooled rate."""
+    def _invalid_jump(self, k: int, n: int, tail: float) -> bool:
+        """k of n malformed is above the floor and improbable (its binomial tail at the recent pooled rate is
+        below alpha)."""
         if len(self.invalid_recent) < self.min_history or n == 0:
             return False
-        return k / n > self.floors[INVALID] and binomial_tail(k, n, rate) < self.alpha
+        return k / n > self.floors[INVALID] and tail < self.alpha
 
     def _event(self, trainer, version, key, jump, value, level, detail="") -> None:
         if jump and not self.active[key]:

@@ -256,20 +256,8 @@ class Rollout:
         logits = self.decoder.decode(rows)  # [b, V], one batched forward
         token, chosen = sample_tokens(self.sampling.log_probs(logits), self.generator)
         for key, t, lp in zip(keys, token.tolist(), chosen.tolist()):
-            slot = self.slots[key]
-            slot.episode.extend([t], True, [lp], self.version)
-            slot.action.append(t)
-            if t == self.stop or len(slot.action) >= self.budget:  # the action is complete
-                slot.episode.actions.append(slot.action)
-                slot.phase = BARRIER
-                if not self.lockstep:
-                    self._submit(key)
-        self.decode_steps += 1
-        self.clock.tick()
-        spent = time.monotonic() - start
-        self.decode_seconds += spent
-        for key in keys:
-            self.slots[key].episode.generating_seconds += spent
+            self._take(key, [t], [lp], t == self.stop)
+        self._stepped(keys, start)
 
     def _engine_step(self, keys: list[int]) -> None:
         """One step of an engine that samples actions itself: start the actions of episodes that have none in
@@ -283,14 +271,22 @@ class Rollout:
                 engine.submit(key, slot.episode.ids, self.budget - len(slot.action), seed)
         produced = engine.step()
         for key, made in produced.items():
-            slot = self.slots[key]
-            slot.episode.extend(made.tokens, True, made.logps, self.version)
-            slot.action.extend(made.tokens)
-            if made.finished or len(slot.action) >= self.budget:
-                slot.episode.actions.append(slot.action)
-                slot.phase = BARRIER
-                if not self.lockstep:
-                    self._submit(key)
+            self._take(key, made.tokens, made.logps, made.finished)
+        self._stepped(keys, start)
+
+    def _take(self, key: int, tokens: list[int], logps: list[float], finished: bool) -> None:
+        """Append a decode step's tokens to a slot's action; a finished (or full) action goes to its tool."""
+        slot = self.slots[key]
+        slot.episode.extend(tokens, True, logps, self.version)
+        slot.action.extend(tokens)
+        if finished or len(slot.action) >= self.budget:  # the action is complete
+            slot.episode.actions.append(slot.action)
+            slot.phase = BARRIER
+            if not self.lockstep:
+                self._submit(key)
+
+    def _stepped(self, keys: list[int], start: float) -> None:
+        """Count a decode step and charge its wall time to every episode that was generating in it."""
         self.decode_steps += 1
         self.clock.tick()
         spent = time.monotonic() - start

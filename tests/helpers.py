@@ -1,5 +1,5 @@
 """What several test modules share: train.py in this process or as its own, the processes a run left behind,
-and the ledger check of an asynchronous run's history."""
+the ledger check of an asynchronous run's history, and the staleness of every trained token."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+import lightning as L
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "LRL_TEST_RUN"  # an environment variable every process of a test's run inherits
@@ -34,6 +36,18 @@ FAST = [
     "--threads",
     "1",
 ]
+
+
+class Tokens(L.Callback):
+    """Every trained action token's staleness: the trainer's version minus the token's version."""
+
+    def __init__(self):
+        self.staleness: list[int] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = module.last_step
+        on = step.batch["action_mask"].bool()
+        self.staleness += (step.version - step.batch["version"][on]).tolist()
 
 
 class Done:

@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-import lightning as L
 import pytest
 from conftest import quick_cfg
+from helpers import Tokens
 
 from lrl.checkpoint import read_history
 from lrl.policy import save_policy
@@ -23,18 +23,6 @@ from lrl.run import build_run, fit
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = Path(__file__).resolve().parent / "plugins"
-
-
-class Tokens(L.Callback):
-    """Every trained action token's staleness: the trainer's version minus the token's version."""
-
-    def __init__(self):
-        self.staleness: list[int] = []
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        step = module.last_step
-        on = step.batch["action_mask"].bool()
-        self.staleness += (step.version - step.batch["version"][on]).tolist()
 
 
 def async_cfg(**kw):

@@ -19,6 +19,7 @@ import pytest
 from helpers import (
     MARK,
     ROOT,
+    Tokens,
     history_lines,
     ledger_is_lossless,
     marked_env,
@@ -173,17 +174,6 @@ def local_deterministic(model_dir, tmp_path_factory):
 
 # -- placement, weights and the bound -------------------------------------------------------------------
 def test_two_actors_are_placed_on_two_nodes_and_the_bound_holds_per_token(cluster, format_policy):
-    import lightning as L
-
-    class Tokens(L.Callback):
-        def __init__(self):
-            self.staleness: list[int] = []
-
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            step = module.last_step
-            on = step.batch["action_mask"].bool()
-            self.staleness += (step.version - step.batch["version"][on]).tolist()
-
     tokens = Tokens()
     cfg = quick_cfg(
         pipeline="async",

@@ -7,10 +7,10 @@ import copy
 import dataclasses
 import time
 
-import lightning as L
 import pytest
 import torch
 from conftest import quick_cfg
+from helpers import Tokens
 
 from lrl.envs import register_env
 from lrl.envs.base import EnvSpec, StepResult
@@ -169,18 +169,6 @@ def test_timeouts_and_errors_are_logged_apart_from_agent_failures(format_policy)
     first = run.module.history[0]
     assert first["env/errors"] == pytest.approx(2 / 40) and first["env/timeouts"] == 0.0
     assert first["env/failures"] == pytest.approx(2 / 40)
-
-
-class Tokens(L.Callback):
-    """Every trained action token's staleness: the trainer's version minus the token's version."""
-
-    def __init__(self):
-        self.staleness: list[int] = []
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        step = module.last_step
-        on = step.batch["action_mask"].bool()
-        self.staleness += (step.version - step.batch["version"][on]).tolist()
 
 
 @pytest.mark.parametrize(

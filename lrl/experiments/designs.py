@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from lrl.experiments.pipeline import RUN_FLAGS
 from lrl.experiments.stats import median
 
 SKIP = 2  # steps left out of a rate: the first ones include starting the workers
@@ -67,7 +68,7 @@ DESIGNS: dict[str, dict] = {
     },
 }
 
-RUN_FLAGS = [
+WORKLOAD = [  # the slow-tool workload of every design (also bench_pipeline --slotted, lrl.experiments.scaling)
     "--slots",
     str(SLOTS),
     "--tool-latency",
@@ -76,26 +77,13 @@ RUN_FLAGS = [
     str(GROUPS),
     "--episodes-per-task",
     str(GROUP),
-    "--max-steps",
-    str(STEPS),
-    "--eval-every",
-    "100000",
-    "--eval-at-start",
-    "false",
-    "--eval-episodes",
-    "1",
-    "--checkpoint-every",
-    "0",
-    "--progress",
-    "false",
-    "--threads",
-    "1",
 ]
+DESIGN_FLAGS = [*WORKLOAD, "--max-steps", str(STEPS), *RUN_FLAGS]  # then the experiments' quiet flags
 
 
 def run_flags(design: str, repeat: int, drop: bool) -> list[str]:
     spec = DESIGNS[design]
-    flags = [*RUN_FLAGS, *spec["flags"], "--seed", str(repeat)]
+    flags = [*DESIGN_FLAGS, *spec["flags"], "--seed", str(repeat)]
     if not spec.get("sync"):
         flags += ["--staleness-drop", "true" if drop else "false"]
     return flags

@@ -23,12 +23,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lrl.experiments.designs import durations, switch_seconds, trainer_seconds
+from lrl.experiments.designs import WORKLOAD, durations, switch_seconds, trainer_seconds
 from lrl.experiments.pipeline import RUN_FLAGS
 
 GROUP = 8  # episodes a group (task)
 BATCH = 64  # episodes a step in the measuring runs
-MEASURE = ["--pipeline", "async", "--slots", "64", "--tool-latency", "lognormal:0.3:1.0", "--max-steps", "10"]
+MEASURE = ["--pipeline", "async", *WORKLOAD, "--max-steps", "10"]  # 8 x 8 a step, as the defaults are
 LAYOUTS = {
     64: [(64, 1), (16, 4), (4, 16)],
     1024: [(1024, 1), (64, 16), (16, 64)],

@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from lrl.pipeline.ray_keeper import MARKER, marked
+from lrl.pipeline.ray_keeper import MARKER, kill_marked, marked
 
 LOOPBACK = "127.0.0.2"  # Ray resolves 127.0.0.1 to the interface address on purpose; any other loopback stays
 START_SECONDS = 120.0  # a node's `ray start` on two busy cores took 10-12 s; a hard limit for a stuck one
@@ -178,17 +178,8 @@ class RayNode:
             except subprocess.TimeoutExpired:
                 self.keeper.kill()
                 self.keeper.wait(timeout=2)
-        deadline = time.monotonic() + 2
-        left = self.pids
-        while left and time.monotonic() < deadline:  # the keeper is gone: what it left is ours to end
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            time.sleep(0.05)
-            left = self.pids
-        return left
+        # the keeper is gone: what it left is ours to end
+        return kill_marked(self.marker, time.monotonic() + 2, exclude=self.keeper.pid)
 
     def kill(self) -> None:
         """Lose the node at once, as a machine that goes down: SIGKILL every process of it (keeper included)."""

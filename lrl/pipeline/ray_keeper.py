@@ -49,9 +49,9 @@ def marked(marker: str, exclude: int | None = None) -> list[int]:
     return found
 
 
-def kill_marked(marker: str, deadline: float) -> list[int]:
-    """SIGKILL every process of the node until none is left or `deadline` -> those still alive."""
-    left = marked(marker)
+def kill_marked(marker: str, deadline: float, exclude: int | None = None) -> list[int]:
+    """SIGKILL every process of the node (but `exclude`) until none is left or `deadline` -> those still alive."""
+    left = marked(marker, exclude)
     while left and time.monotonic() < deadline:
         for pid in left:
             try:
@@ -59,7 +59,7 @@ def kill_marked(marker: str, deadline: float) -> list[int]:
             except OSError:
                 pass
         time.sleep(0.05)
-        left = marked(marker)
+        left = marked(marker, exclude)
     return left
 
 
