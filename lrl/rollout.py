@@ -204,7 +204,8 @@ class Rollout:
         """One engine step -> the episodes that ended in it (in the order they ended).
 
         Answers from the environments come in first; in lockstep, a complete turn's actions go to the tools
-        together and the step waits for every answer. Then one batched decode for every generating episode.
+        together and the next turn starts once every answer is back. Then one batched decode for every generating
+        episode. A step that only waited may return nothing and decode nothing.
         """
         self._account()
         finished: list[Episode] = []
@@ -214,11 +215,14 @@ class Rollout:
                 self._submit(key)
             waiting = self.count(TOOL)
         if waiting:
+            # with nothing to decode, wait for an answer (never longer than a slice: the caller beats between
+            # steps, so a worker whose episodes all wait on tools stays alive); in lockstep, the turn goes on
+            # once every answer is back, over as many steps as that takes
             idle = not any(s.phase in (GENERATING, READY) for s in self.slots.values())
-            while True:
-                finished += self._answers(block=idle or self.lockstep)
-                if not (self.lockstep and self.count(TOOL)):
-                    break
+            finished += self._answers(block=idle or self.lockstep)
+            if self.tools.stalled:  # a logical clock's due answer is still being computed: time must not move
+                self._account()
+                return finished
         self._start_actions()
         generating = sorted(k for k, s in self.slots.items() if s.phase == GENERATING)
         if generating:

@@ -17,9 +17,14 @@ step's thread sleeps the rest of the delay; on a :class:`LogicalClock` (``--dete
 the answer is due at ``submit time + delay`` of logical time, so the order of completions, and with it the
 whole run, repeats exactly.
 
-Either way an exception raised by ``env.step`` is an environment failure (no gradient, the task carried to the
-next batch), never a reward of 0 and never the end of the run. An environment needs to know nothing of
-threads: each env object is stepped by one thread at a time, its own episode's.
+Either way an exception raised by ``env.step`` (even ``SystemExit``) is an environment failure (no gradient, the
+task carried to the next batch), never a reward of 0 and never the end of the run. An environment needs to know
+nothing of threads: each env object is stepped by one thread at a time, its own episode's.
+
+Every wait is bounded. A step on a thread that has no ``--tool-timeout`` is bounded at
+:data:`DEFAULT_TOOL_TIMEOUT` (the run says so at its start), and ``ready(block=True)`` returns after at most
+:data:`WAIT_SLICE` seconds even when nothing has answered, so that the loop above it (a rollout worker) keeps
+sending heartbeats while all its episodes wait for tools: a worker that waits is alive, and says so.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from lrl.envs.base import StepResult
 from lrl.envs.latency import Latency
 
 LOGICAL_TOKEN_SECONDS = 0.025  # logical time of one decode step: a sequence advancing 40 tokens per second
+DEFAULT_TOOL_TIMEOUT = 1800.0  # seconds: the bound of a step on a thread when --tool-timeout is not given
+WAIT_SLICE = 0.1  # seconds: the longest a blocking wait for answers lasts before it returns to its caller
 
 
 def failure(reason: str, detail: str = "") -> StepResult:
@@ -47,10 +54,10 @@ def failure(reason: str, detail: str = "") -> StepResult:
 
 
 def run_step(env, action: list[int]) -> StepResult:
-    """env.step(action), with an exception answered as an environment failure that names it."""
+    """env.step(action), with an exception (even SystemExit) answered as an environment failure that names it."""
     try:
         return env.step(action)
-    except Exception as err:  # noqa: BLE001 (any error of user code is an environment failure)
+    except (Exception, SystemExit) as err:  # noqa: BLE001 (any error of user code is an environment failure)
         return failure("tool_error", f"{type(err).__name__}: {err}")
 
 
@@ -87,6 +94,8 @@ class LogicalClock:
 class InlineTools:
     """Every step in the caller's thread, when its answer is asked for, in the order submitted."""
 
+    stalled = False  # an answer is always there when asked for
+
     def __init__(self):
         self.calls: list[tuple[int, object, list[int]]] = []
 
@@ -121,12 +130,13 @@ class _Call:
     due: float  # when the answer is due: submitted + delay (the deadline if that is later than the timeout)
     order: int
     times_out: bool  # on a logical clock: the drawn delay reaches the timeout
+    started: float = field(default_factory=time.monotonic)  # real time, whatever the runner's clock
     result: StepResult | None = None
     finished: threading.Event = field(default_factory=threading.Event)
 
 
 class ThreadTools:
-    """Each step on a thread of its own, with a drawn latency and an optional timeout (see the module)."""
+    """Each step on a thread of its own, with a drawn latency and a timeout (see the module)."""
 
     def __init__(
         self,
@@ -138,13 +148,14 @@ class ThreadTools:
     ):
         self.latency = latency
         self.generator = generator
-        self.timeout = timeout
+        self.timeout = DEFAULT_TOOL_TIMEOUT if timeout is None else timeout
         self.clock = clock or RealClock()
         self.poll = poll
         self.calls: dict[int, _Call] = {}
         self.answers: queue.SimpleQueue = queue.SimpleQueue()
         self.submitted = 0
         self.timeouts = 0
+        self.stalled = False  # logical clock: a due answer's thread is still running (decode must wait)
 
     @property
     def pending(self) -> int:
@@ -157,8 +168,8 @@ class ThreadTools:
         `times_out` marks a resubmitted step that was already bound to time out (:meth:`state`)."""
         delay = self.latency.draw(self.generator) if delay is None else delay
         now = self.clock.now()
-        times_out = times_out or (self.timeout is not None and delay >= self.timeout)
-        due = now + (min(delay, self.timeout) if self.timeout is not None else delay)
+        times_out = times_out or delay >= self.timeout
+        due = now + min(delay, self.timeout)
         call = _Call(key, now, due, self.submitted, times_out)
         self.submitted += 1
         self.calls[key] = call
@@ -170,48 +181,62 @@ class ThreadTools:
 
     def _work(self, call: _Call, env, action: list[int], sleep: float) -> None:
         start = time.monotonic()
-        result = run_step(env, action)
-        rest = sleep - (time.monotonic() - start)
-        if rest > 0:
-            time.sleep(rest)
-        call.result = result
-        call.finished.set()
-        self.answers.put(call.key)
+        result = None
+        try:
+            result = run_step(env, action)
+            # the delay runs out while the timeout is watched by ready(); sleeping past it would only hold a thread
+            rest = min(sleep, self.timeout + WAIT_SLICE) - (time.monotonic() - start)
+            if rest > 0:
+                time.sleep(rest)
+        except BaseException as err:  # noqa: BLE001 (the answer must come, whatever ended the thread)
+            if result is None:
+                result = failure("tool_error", f"{type(err).__name__}: {err}")
+        finally:
+            call.result = result if result is not None else failure("tool_error", "the tool's thread ended")
+            call.finished.set()
+            self.answers.put(call.key)
 
     def next_due(self) -> float:
         """The logical time of the next answer due (inf with none pending)."""
         return min((c.due for c in self.calls.values()), default=math.inf)
 
     def ready(self, block: bool = False) -> list[tuple[int, StepResult, float]]:
-        """The answers available now (with `block`: wait for at least one) -> (key, result, seconds taken)."""
+        """The answers available now -> (key, result, seconds taken). With `block`, wait for at least one, but
+        never longer than WAIT_SLICE: an empty list then means "still waiting", and the caller may beat."""
         if self.clock.logical:
             return self._ready_logical(block)
         return self._ready_real(block)
 
     def _ready_real(self, block: bool) -> list[tuple[int, StepResult, float]]:
         out = []
+        give_up = time.monotonic() + WAIT_SLICE
         while self.calls:
             now = self.clock.now()
             for call in sorted(self.calls.values(), key=lambda c: c.order):
                 if call.finished.is_set():
                     out.append(self._answer(call, call.result, now))
-                elif self.timeout is not None and now - call.submitted >= self.timeout:
+                elif now - call.submitted >= self.timeout:
                     self.timeouts += 1
                     out.append(self._answer(call, failure("timeout"), now))
-            if out or not block:
+            left = give_up - time.monotonic()
+            if out or not block or left <= 0:
                 return out
-            wait = self.poll
-            if self.timeout is not None:
-                soonest = min(c.submitted + self.timeout for c in self.calls.values())
-                wait = max(min(wait * 20, soonest - now), 0.0)
+            soonest = min(c.submitted + self.timeout for c in self.calls.values())
+            wait = max(min(self.poll * 20, soonest - now, left), 1e-4)
             try:
-                self.answers.get(timeout=max(wait, 1e-4))
+                self.answers.get(timeout=wait)
             except queue.Empty:
                 pass
         return out
 
     def _ready_logical(self, block: bool) -> list[tuple[int, StepResult, float]]:
-        """Answers in order of due time; the clock jumps to the next one when `block` and none is due yet."""
+        """Answers in order of due time; the clock jumps to the next one when `block` and none is due yet.
+
+        A call that is due must be answered before logical time moves on, whatever real time its thread takes:
+        its thread is waited for a slice at a time, and meanwhile :attr:`stalled` is set, so the episode loop
+        decodes nothing (the clock does not tick) until it is answered; no later answer passes it. A thread that
+        runs `timeout` real seconds (a real hang) ends as a timeout."""
+        self.stalled = False
         if not self.calls:
             return []
         if block:
@@ -220,7 +245,12 @@ class ThreadTools:
         for call in sorted(self.calls.values(), key=lambda c: (c.due, c.order)):
             if call.due > self.clock.now():
                 break
-            hung = not call.finished.wait(self.timeout)  # a real hang still ends at the timeout
+            left = call.started + self.timeout - time.monotonic()
+            finished = call.finished.wait(max(min(left, WAIT_SLICE), 0.0))
+            hung = not finished and time.monotonic() - call.started >= self.timeout
+            if not (finished or hung):
+                self.stalled = True  # due and still running: answered at a later look, in its place
+                break
             timed_out = hung or call.times_out
             if timed_out:
                 self.timeouts += 1
@@ -243,7 +273,8 @@ class ThreadTools:
 
 
 def make_tools(cfg, generator: torch.Generator, clock=None):
-    """The runner a config asks for: threads when steps take time or may hang, else inline."""
+    """The runner a config asks for: threads when steps take time or may hang, else inline (a step on a thread
+    without --tool-timeout is bounded at DEFAULT_TOOL_TIMEOUT)."""
     from lrl.envs.latency import parse_latency
 
     latency = parse_latency(cfg.tool_latency)
