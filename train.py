@@ -8,8 +8,10 @@ transformers causal LM.
     python train.py --devices 2 --strategy ddp          # two processes (gloo on CPU), the batch split over them
 
 Exit status: 0 done; 2 bad input (one line says which); 3 stopped by a numerical guard or the strict health
-check; 4 every step was skipped (nothing could be learned); 5 a rollout worker or an inference engine failed, died or
-hung (one line names it; the last checkpoint is intact); 130 / 143 stopped by Ctrl-C / SIGTERM.
+check; 4 every step was skipped (nothing could be learned); 5 a rollout worker, an inference engine or the cluster
+failed, died, hung or could not be reached (one line names it; the last checkpoint is intact); 6 a file of the run
+could not be written (a full disk: one line names it; the last complete checkpoint is intact); 130 / 143 / 129
+stopped by Ctrl-C / SIGTERM / SIGHUP.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ import re
 import shlex
 import signal
 import sys
+import threading
 import time
 
 NOTHING_LEARNED = 4
 WORKER_FAILED = 5
+OUTPUT_FAILED = 6
 # terminal escape sequences (colours, cursor moves) that a library's message may carry: CSI, OSC, and 2-byte ones
 ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
 
@@ -33,8 +37,32 @@ def one_line(err: Exception) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """train.py: stop signals are handled from its first line on (a run still starting stops at once, with one
+    line), and the handlers it found are put back when it returns."""
+    from lrl.stopping import STOP_SIGNALS, StoppedBeforeTraining, install_startup_handlers, signal_name
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS} if main_thread else {}
+    if main_thread:
+        install_startup_handlers()
+    from lrl.reaper import process_tempdir
+
+    process_tempdir()  # whatever the run writes to TMPDIR goes with its process, even after a SIGKILL
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except StoppedBeforeTraining as stop:
+        print(
+            f"train.py: stopped by {signal_name(stop.signum)} before the first step; nothing was trained yet",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def run(argv: list[str]) -> int:
     start = time.time()
-    argv = sys.argv[1:] if argv is None else argv
     from lrl.arguments import parse_args
     from lrl.config import ConfigError
 
@@ -46,18 +74,21 @@ def main(argv: list[str] | None = None) -> int:
     # Lightning's info lines (accelerators found, tips) are not what a user of train.py needs
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     from callbacks.health import HealthCheckError
-    from lrl.pipeline.local import WorkerError
-    from lrl.run import build_run, fit
+    from lrl.errors import EngineError, OutputError, WorkerError
+    from lrl.run import build_run, fit, startup_notes
     from lrl.update import NumericalError
-    from samplers.vllm import EngineError
 
     try:
         run = build_run(cfg)
     except ConfigError as err:
         print(f"train.py: error: {one_line(err)}", file=sys.stderr)
         return 2
-    if run.folder is not None and run.trainer.is_global_zero:
-        print(f"train.py: {run.folder.note}", flush=True)
+    except OutputError as err:
+        print(f"train.py: stopped: {one_line(err)}", file=sys.stderr)
+        return OUTPUT_FAILED
+    if run.trainer.is_global_zero:
+        for note in ([run.folder.note] if run.folder is not None else []) + startup_notes(cfg):
+            print(f"train.py: {note}", flush=True)
     try:
         result = fit(run)
     except (NumericalError, HealthCheckError) as err:
@@ -66,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkerError, EngineError) as err:
         print(f"train.py: stopped: {one_line(err)}", file=sys.stderr)
         return WORKER_FAILED
+    except OutputError as err:
+        print(f"train.py: stopped: {one_line(err)}", file=sys.stderr)
+        return OUTPUT_FAILED
     if not run.trainer.is_global_zero:
         return 0
     if result["stopped_by"] is not None:
@@ -78,6 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         f"sampler {cfg.sampler} lag {cfg.lag} correction {cfg.correction} | {result['steps']} steps{skipped} | "
         f"{time.time() - start:.1f} s | logs in {run.trainer.logger.log_dir if run.trainer.logger else '-'}"
     )
+    if result["steps"] and result["skipped"] == result["steps"] and result["all_env_failures"]:
+        print(
+            f"train.py: nothing was learned: every episode of all {result['steps']} steps ended in an environment "
+            f"failure ({result['env_timeouts']:.0%} timed out at --tool-timeout, {result['env_errors']:.0%} raised "
+            f"in their tool), so no step had an episode to train on. Look at env/timeouts and env/errors: a tool "
+            f"timeout shorter than the tools take, or an environment that cannot run here, is the usual cause.",
+            file=sys.stderr,
+        )
+        return NOTHING_LEARNED
     if result["steps"] and result["skipped"] == result["steps"]:
         print(
             f"train.py: nothing was learned: all {result['steps']} steps were skipped, because no group of "
@@ -92,15 +135,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def interrupted(result: dict, run, argv: list[str]) -> int:
     """One line: which signal stopped the run, after which step, and how to continue it."""
-    name = signal.Signals(result["stopped_by"]).name
+    from lrl.stopping import signal_name
+
+    name = signal_name(result["stopped_by"])
     kept = list(argv)
     if "--resume" in kept:
         i = kept.index("--resume")
         del kept[i : i + 2]
     where = run.folder.path if run.folder is not None else None
     if not result["steps"]:
-        hint = "nothing was trained yet"
-    elif run.cfg.checkpoint_every > 0 and where is not None:
+        print(f"train.py: stopped by {name} before the first step; nothing was trained yet", file=sys.stderr)
+        return 128 + result["stopped_by"]
+    if run.cfg.checkpoint_every > 0 and where is not None:
         hint = f"continue with: python train.py {shlex.join([*kept, '--resume', str(where)])}"
     else:
         hint = "no checkpoint was written (checkpoints are off: --checkpoint-every N keeps them)"

@@ -61,7 +61,13 @@ class HealthCheck(L.Callback):
         mask = batch["action_mask"].bool()
         now = record.version
         versions = batch["version"][mask]
-        if versions.numel() == 0 or bool((versions != now).any()):
+        if versions.numel() == 0:
+            rank_zero_warn(
+                "HealthCheck skipped: the first batch has no action token to compare (every episode of it "
+                "ended in an environment failure; see env/failures)"
+            )
+            return
+        if bool((versions != now).any()):
             rank_zero_warn(
                 f"HealthCheck skipped: the first trained batch was not sampled with the trainer's "
                 f"current weights (version {now}; batch versions {sorted(set(versions.tolist()))[:5]})"

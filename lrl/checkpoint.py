@@ -10,10 +10,12 @@ step's ``on_train_batch_end``, after the update and the weight sync.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import pickle
+import shutil
 import signal
 import tempfile
 import warnings
@@ -26,6 +28,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lrl.config import Config, ConfigError
+from lrl.errors import OutputError
+from lrl.stopping import STOP_SIGNALS, StoppedBeforeTraining  # noqa: F401 (StoppedBeforeTraining: re-exported)
 
 # keys that may differ between the run that wrote a checkpoint and the run that resumes it
 RESUMABLE_CHANGES = {
@@ -78,8 +82,14 @@ def atomic_write(path: str | Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
+        full = isinstance(err, (OSError, RuntimeError)) and nearly_full(
+            path.parent
+        )  # before the space is freed
         Path(tmp).unlink(missing_ok=True)
+        if full and not (isinstance(err, OSError) and err.errno == errno.ENOSPC):
+            # a writer that reports a failed write in its own words (torch's zip writer): say what it was
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -103,15 +113,40 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options")
-        atomic_write(path, lambda f: torch.save(checkpoint, f))
+        try:
+            atomic_write(path, lambda f: torch.save(checkpoint, f))
+        except (OSError, RuntimeError) as err:  # torch's zip writer reports a failed write as a RuntimeError
+            raise OutputError(
+                f"cannot write the checkpoint {str(path)!r}: {write_failure(path, err)}; the last complete "
+                "checkpoint is intact"
+            ) from None
+
+
+def nearly_full(folder: Path) -> bool:
+    """Whether the file system of `folder` has (almost) no space left: under 256 KiB or 0.1% of it free."""
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return False
+    return usage.free < max(2**18, usage.total // 1000)
+
+
+def write_failure(path, err: Exception) -> str:
+    """Why a write under `path` failed, in words (a full disk is named as one)."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror.lower()
+    return " ".join(str(err).split())[:200]
 
 
 class HistoryFile(L.Callback):
     """Appends ``module.history`` to a JSONL file: one line per step, flushed as the step ends (rank 0 only).
 
-    The file is only ever appended to (a user's own file keeps its content). Every line names the run folder it
-    belongs to (``run``); a resumed run appends the steps it replays after its checkpoint again, and
-    :func:`read_history` keeps the last line of each step of the newest run.
+    The file is only ever appended to (a user's own file keeps its content), and what is appended starts on a
+    line of its own: a last line without its newline (a kill in the middle of a write) stays a line apart, so
+    every later line still parses. Lines are strict JSON: a value that is not a finite number (NaN, inf) is
+    written as null. Every line names the run folder it belongs to (``run``); a resumed run appends the steps it
+    replays after its checkpoint again, and :func:`read_history` keeps the last line of each step of the newest
+    run.
     """
 
     def __init__(self, path: str | Path, run: str | None = None):
@@ -123,13 +158,24 @@ class HistoryFile(L.Callback):
         if not trainer.is_global_zero:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a")  # noqa: SIM115 (kept open for the run, closed at fit end)
+        self._file = open(self.path, "a+b")  # noqa: SIM115 (kept open for the run, closed at fit end)
+        if self._file.tell() > 0:
+            self._file.seek(-1, os.SEEK_END)
+            if self._file.read(1) != b"\n":
+                self._file.write(b"\n")
+                self._file.flush()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._file is not None and pl_module.history:
             line = {**pl_module.history[-1], **({"run": self.run} if self.run else {})}
-            self._file.write(json.dumps(line) + "\n")
-            self._file.flush()
+            try:
+                self._file.write((json.dumps(finite_json(line), allow_nan=False) + "\n").encode())
+                self._file.flush()
+            except OSError as err:
+                self._file = None  # closing it would flush the failed write again
+                raise OutputError(
+                    f"cannot append to the history file {str(self.path)!r}: {write_failure(self.path, err)}"
+                ) from None
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self.teardown(trainer, pl_module, "fit")
@@ -138,6 +184,17 @@ class HistoryFile(L.Callback):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def finite_json(value):
+    """`value` with every float that is not finite (NaN, inf) replaced by None, in nested dicts and lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def read_history(path: str | Path, every_line: bool = False) -> list[dict]:
@@ -158,19 +215,11 @@ def read_history(path: str | Path, every_line: bool = False) -> list[dict]:
     return [steps[k] for k in sorted(steps)]
 
 
-class StoppedBeforeTraining(Exception):
-    """A signal arrived while the run was still starting (loading, building the data, starting workers)."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by signal {signum} before the first step")
-        self.signum = signum
-
-
 class GracefulStop(L.Callback):
-    """SIGINT (Ctrl-C) or SIGTERM stops the run at the end of the current step, after writing a last checkpoint
-    when checkpoints are on; ``stopped`` is the signal's number. A second signal stops at once. A signal that
-    arrives before training has started stops the run there (:class:`StoppedBeforeTraining`), with nothing
-    to save."""
+    """SIGINT (Ctrl-C), SIGTERM or SIGHUP stops the run at the end of the current step, after writing a last
+    checkpoint when checkpoints are on; ``stopped`` is the signal's number. A second signal stops at once. A
+    signal that arrives before training has started stops the run there (:class:`StoppedBeforeTraining`), with
+    nothing to save."""
 
     def __init__(self, checkpoints: Path | None):
         self.checkpoints = checkpoints
@@ -181,7 +230,7 @@ class GracefulStop(L.Callback):
     def setup(self, trainer, pl_module, stage) -> None:
         if stage != "fit" or self._previous:
             return
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             try:
                 self._previous[signum] = signal.signal(signum, self._handle)
             except ValueError:  # not the main thread: leave signals to the caller
@@ -306,3 +355,63 @@ def _same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return a == b or (math.isnan(a) and math.isnan(b))
     return a == b
+
+
+def check_contents(path: str, module, datamodule) -> None:
+    """Refuse, before anything is restored, a checkpoint whose entries do not fit this run: a missing entry, a
+    weight of another shape or dtype, optimizer state that does not match the weights. ConfigError naming the
+    file and the first problem (a crafted or damaged file would otherwise fail deep inside the restore)."""
+    ckpt = load_checkpoint(path)
+    problem = _content_problem(ckpt, module, type(datamodule).__qualname__)
+    if problem:
+        raise ConfigError(f"resume: {path!r} cannot be resumed: {problem}")
+
+
+def _shape(value) -> str:
+    return str(list(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _content_problem(ckpt: dict, module, datamodule_key: str) -> str | None:
+    for key, kind in (
+        ("state_dict", dict),
+        ("optimizer_states", list),
+        ("loops", dict),
+        ("lrl", dict),
+        (datamodule_key, dict),
+    ):
+        if not isinstance(ckpt.get(key), kind):
+            return f"its {key!r} entry is {'missing' if key not in ckpt else 'not a ' + kind.__name__}"
+    expected = module.state_dict()
+    saved = ckpt["state_dict"]
+    for name in sorted(set(expected) ^ set(saved)):
+        return f"the weight {name!r} is {'missing from it' if name in expected else 'not one of the model'}"
+    for name, tensor in expected.items():
+        value = saved[name]
+        if not isinstance(value, torch.Tensor) or value.shape != tensor.shape or value.dtype != tensor.dtype:
+            return (
+                f"the weight {name!r} is {_shape(value)} {getattr(value, 'dtype', '')}, the model's is "
+                f"{list(tensor.shape)} {tensor.dtype}"
+            )
+    params = list(module.parameters())
+    for opt in ckpt["optimizer_states"]:
+        if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and "param_groups" in opt):
+            return "its optimizer state is not an optimizer's state dict"
+        for index, state in opt["state"].items():
+            if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(state, dict)):
+                return f"its optimizer state names parameter {index!r}, which the model does not have"
+            for name, value in state.items():
+                if name != "step" and isinstance(value, torch.Tensor) and value.shape != params[index].shape:
+                    return (
+                        f"its optimizer state {name!r} of parameter {index} is {_shape(value)}, the parameter "
+                        f"is {list(params[index].shape)}"
+                    )
+    missing = [
+        k
+        for k in ("version", "skipped", "shuffle", "history", "weights", "rng", "config")
+        if k not in ckpt["lrl"]
+    ]
+    if missing:
+        return f"its 'lrl' entry has no {', '.join(missing)}"
+    if not isinstance(ckpt[datamodule_key].get("ranks"), list):
+        return f"its {datamodule_key!r} entry has no state of its ranks"
+    return None

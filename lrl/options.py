@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import sys
 import typing
 from dataclasses import MISSING, field
 from pathlib import Path
 
 from lrl.registry import Registry, RegistryError
+from lrl.stopping import StoppedBeforeTraining
 
 MAX_INT = 2**31 - 1  # every integer option is bounded: a 20-digit --max-steps is refused, not overflowed
 
@@ -30,8 +32,12 @@ def option(
     lt=None,
     scope: str | None = None,
     when: dict | None = None,
+    path: bool = False,
 ):
     """A config field: default, help, and its bounds (ge/gt/le/lt), choices, registry scope or mode.
+
+    ``path`` marks a file or folder: ``~`` in it is expanded once, when the config is made, so that every lock,
+    lookup, check and write afterwards sees the same path.
 
     ``scope`` names a registry (``"sampler"``): the option is read only by the entries that list it in
     ``uses``, and setting it away from its default for another entry is an error. ``when`` names the mode it
@@ -40,9 +46,17 @@ def option(
     """
     meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "scope": scope}
     meta["when"] = dict(when or {})
+    meta["path"] = path
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def expand_path(value):
+    """A path option's value with ``~`` expanded (anything that is not a path string is returned as it is)."""
+    if isinstance(value, str) and value.startswith("~"):
+        return os.path.expanduser(value)
+    return value
 
 
 def default_of(f):
@@ -64,6 +78,11 @@ def import_plugins(names: list[str]) -> list[str]:
             sys.path.insert(0, str(Path.cwd()))  # `python train.py` from a folder holding the plugin
         try:
             importlib.import_module(name)
+        except (
+            StoppedBeforeTraining
+        ):  # a stop signal during the import: the run stops, it is not a bad plugin
+            sys.modules.pop(name, None)
+            raise
         except RegistryError as err:
             sys.modules.pop(name, None)
             problems.append(f"plugins: {name!r}: {err}")

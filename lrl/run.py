@@ -77,7 +77,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     from lrl.policy import DEFAULT_SIZE, check_vocabulary, make_policy
     from lrl.preflight import check_model, check_tokenizer
     from lrl.registry import SAMPLERS
-    from lrl.runs import check_paths, clean_stale_temporaries, open_run
+    from lrl.runs import check_paths, clean_run_temporaries, clean_stale_temporaries, open_run
     from lrl.sources import make_source
 
     torch.set_num_threads(cfg.threads)
@@ -108,6 +108,8 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else folder.checkpoints if folder else None
     if checkpoints is not None:
         clean_stale_temporaries(checkpoints)
+    if folder is not None:
+        clean_run_temporaries(cfg)
     source = make_source(cfg, spec, loaded)  # synchronous sampling, or rollout workers with their sampler
     datamodule = RolloutDataModule(source, cfg)
     module = OffPolicyModule(cfg, loaded, source, spec)
@@ -153,6 +155,14 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
             folder.release()
         raise ConfigError(f"accelerator/devices/num_nodes/strategy: {err}") from None
     ckpt = str(folder.checkpoint) if folder is not None and folder.checkpoint is not None else None
+    if ckpt is not None:
+        from lrl.checkpoint import check_contents
+
+        try:
+            check_contents(ckpt, module, datamodule)
+        except ConfigError:
+            folder.release()
+            raise
     return Run(cfg, spec, loaded, source, module, datamodule, trainer, ckpt, folder)
 
 
@@ -160,6 +170,7 @@ def fit(run: Run) -> dict:
     """Train, then report the held-out evaluation of the final policy (and the steps skipped for want of
     any learning signal)."""
     start = time.time()
+    stopped_by = None
     try:
         with warnings.catch_warnings():
             # Lightning's own pytree helper builds torch's deprecated LeafSpec for every dataloader it wraps
@@ -169,20 +180,40 @@ def fit(run: Run) -> dict:
             )
             try:
                 run.trainer.fit(run.module, run.datamodule, ckpt_path=run.ckpt_path)
-            except StoppedBeforeTraining:
-                pass  # run.stopped_by holds the signal; nothing was trained, nothing is saved
+            except StoppedBeforeTraining as stop:  # nothing was trained, nothing is saved
+                stopped_by = stop.signum
+            stopped_by = run.stopped_by or stopped_by
             last = run.module.last_eval
-            if run.stopped_by is None and (last is None or last["step"] != run.module.version):
+            if stopped_by is None and (last is None or last["step"] != run.module.version):
                 run.trainer.validate(run.module, run.datamodule, verbose=False)
                 last = run.module.last_eval
     finally:
         if run.folder is not None:
             run.folder.release()
     history = run.module.history
+    steps = max(len(history), 1)
     return {
         **(last or {}),
         "wall_s": time.time() - start,
         "steps": len(history),
         "skipped": int(sum(h["train/skipped"] for h in history)),
-        "stopped_by": run.stopped_by,
+        "stopped_by": stopped_by,
+        # whether no step had a single episode its environment answered (e.g. every tool call timed out)
+        "all_env_failures": bool(history) and all(h.get("env/failures") == 1.0 for h in history),
+        "env_timeouts": sum(h.get("env/timeouts", 0.0) for h in history) / steps,
+        "env_errors": sum(h.get("env/errors", 0.0) for h in history) / steps,
     }
+
+
+def startup_notes(cfg: Config) -> list[str]:
+    """What a user should know at the start of a run that the options alone do not say."""
+    from lrl.envs.latency import parse_latency
+    from lrl.envs.workers import DEFAULT_TOOL_TIMEOUT
+
+    notes = []
+    if cfg.tool_timeout is None and not parse_latency(cfg.tool_latency).off:
+        notes.append(
+            f"tool calls run on threads without --tool-timeout: each is bounded at {DEFAULT_TOOL_TIMEOUT:g} s "
+            "and then counted as an environment failure (env/timeouts)"
+        )
+    return notes

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 import torch
 
 from lrl.decoding import Produced, Sampling
+from lrl.errors import EngineError
+from lrl.reaper import start_reaper, stop_reaper
 from samplers.base import BehaviorSampler, Transform, cpu_state
 
 # the engine in this process, quiet, without binding OpenMP threads (the run sets its own thread count)
@@ -44,15 +46,32 @@ INSTALL = (
 )
 
 
-class EngineError(RuntimeError):
-    """The inference engine failed while it was sampling; the message says what it raised."""
-
-
 def vllm_missing() -> str | None:
     """Why vLLM cannot be used here (None: it can), without importing it (an import takes seconds)."""
     if importlib.util.find_spec("vllm") is None:
         return f"the vllm package is not installed; {INSTALL}"
     return None
+
+
+def kv_cache_problems(kv_cache_mib: int, on_gpu: bool) -> list[str]:
+    """A KV cache larger than the memory it would live in (the GPU's free memory, or this machine's available
+    memory) is refused in lrl's words before vLLM is started."""
+    if on_gpu:
+        import torch
+
+        free = torch.cuda.mem_get_info()[0]
+        where = "free on the GPU"
+    else:
+        from lrl.budget import available_bytes
+
+        free = available_bytes()
+        where = "available on this machine"
+    if kv_cache_mib * 2**20 > free:
+        return [
+            f"vllm_kv_cache: {kv_cache_mib} MiB is more than the {free // 2**20} MiB {where}; give a smaller "
+            "--vllm-kv-cache"
+        ]
+    return []
 
 
 def model_problems(model, kv_cache_mib: int, dtype: str, longest: int | None) -> list[str]:
@@ -75,6 +94,7 @@ def model_problems(model, kv_cache_mib: int, dtype: str, longest: int | None) ->
             problems.append(f"sampler: vllm does not support the architecture {arch}")
     except ImportError:
         pass
+    problems += kv_cache_problems(kv_cache_mib, on_gpu)
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     layers = config.num_hidden_layers
     per_token = 2 * layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)
@@ -197,6 +217,7 @@ class VLLMSampler(BehaviorSampler):
         self.engine_state: dict[str, torch.Tensor] | None = None  # what the engine holds, for checkpoints
         self.push_seconds = 0.0
         self._scratch: str | None = None
+        self._reaper = None  # the process that removes the scratch folder if this one is killed
 
     # -- the engine ---------------------------------------------------------------------------------------
     def setup(self, policy: torch.nn.Module, version: int = 0) -> None:
@@ -216,21 +237,27 @@ class VLLMSampler(BehaviorSampler):
         directory = self.model_dir
         if directory is None:
             self._scratch = tempfile.mkdtemp(prefix="lrl-vllm-")
+            self._reaper = start_reaper([self._scratch])  # removed even if this process is killed
             self.behavior.save_pretrained(self._scratch)  # the architecture; weights are pushed at once
             directory = self._scratch
         from vllm import LLM
 
-        return LLM(
-            model=directory,
-            skip_tokenizer_init=True,
-            dtype=self.dtype,
-            kv_cache_memory_bytes=self.kv_cache_mib * 2**20,
-            enforce_eager=True,
-            logprobs_mode="processed_logprobs",
-            max_model_len=self.max_model_len or context_length(policy),
-            seed=self.seed,
-            enable_prefix_caching=True,
-        )
+        try:
+            return LLM(
+                model=directory,
+                skip_tokenizer_init=True,
+                dtype=self.dtype,
+                kv_cache_memory_bytes=self.kv_cache_mib * 2**20,
+                enforce_eager=True,
+                logprobs_mode="processed_logprobs",
+                max_model_len=self.max_model_len or context_length(policy),
+                seed=self.seed,
+                enable_prefix_caching=True,
+            )
+        except Exception as err:  # noqa: BLE001 (whatever vLLM raises, the run stops with one line)
+            self.close()
+            detail = " ".join(str(err).split())[:300]
+            raise EngineError(f"the vLLM engine could not start: {type(err).__name__}: {detail}") from None
 
     def sync(self, policy: torch.nn.Module, version: int) -> None:
         """Keep the trainer's weights; push the oldest kept version when the engine is `sync_every` behind."""
@@ -269,6 +296,8 @@ class VLLMSampler(BehaviorSampler):
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+        stop_reaper(self._reaper)
+        self._reaper = None
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -14,7 +14,7 @@ from importlib import import_module
 
 _LAZY = {
     "AsyncSource": "lrl.pipeline.source",
-    "WorkerError": "lrl.pipeline.local",
+    "WorkerError": "lrl.errors",
     "WeightBoard": "lrl.pipeline.board",
 }
 

@@ -19,16 +19,13 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
+from lrl.errors import WorkerError
 from lrl.pipeline import spawn
 from lrl.pipeline.messages import Failed, Stop
 
 STARTUP_SECONDS = 120.0  # a worker imports torch and builds its model before its first word
 CLOSE_SECONDS = 3.0
 CHECK_SECONDS = 0.25  # how often liveness and heartbeats are looked at
-
-
-class WorkerError(RuntimeError):
-    """A rollout worker failed, died or went silent; the message names it and says how."""
 
 
 def process_state(pid: int) -> str:

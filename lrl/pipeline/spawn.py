@@ -29,10 +29,10 @@ def main(trainer: int, index: int, inbox, outbox) -> None:
     die_with_parent()
     if os.getppid() != trainer:  # the trainer died before the line above took effect
         os._exit(0)
-    # Ctrl-C and SIGTERM are the trainer's to handle (a process group gets both): it stops its workers itself,
-    # after the step in progress, with a checkpoint
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ctrl-C, SIGTERM and SIGHUP are the trainer's to handle (a process group gets them all): it stops its
+    # workers itself, after the step in progress, with a checkpoint
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     from lrl.pipeline.worker import worker_main
 
     worker_main(trainer, index, inbox, outbox)

@@ -1,0 +1,42 @@
+"""The signals that stop a run, and the exception that stops one still starting; nothing heavy is imported here,
+so that train.py can install its handlers before it imports torch.
+
+SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal went away) all stop a run the same way: during training at the
+end of the current step, with a last checkpoint when checkpoints are on (``lrl.checkpoint.GracefulStop``);
+before the first step, at once, with nothing to save (:class:`StoppedBeforeTraining`). The exit status is
+128 + the signal's number (130, 143, 129).
+"""
+
+from __future__ import annotations
+
+import signal
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StoppedBeforeTraining(BaseException):
+    """A signal arrived while the run was still starting (importing, loading, building the data, starting
+    workers). A BaseException, as KeyboardInterrupt is: code that turns any error into a message must let it
+    through."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by signal {signum} before the first step")
+        self.signum = signum
+
+
+def stop_at_once(signum, frame) -> None:
+    """The handler while a run starts: stop where it is."""
+    raise StoppedBeforeTraining(signum)
+
+
+def install_startup_handlers() -> None:
+    """Every stop signal ends a starting run with StoppedBeforeTraining (main thread only)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop_at_once)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
