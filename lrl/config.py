@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import typing
+import unicodedata
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from lrl.options import MAX_INT, check_field, default_of, exists, import_plugins, option
+from lrl.options import MAX_INT, check_field, default_of, exists, expand_path, import_plugins, option
 from lrl.registry import CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, Registry, load_builtins
 
 REGISTRIES: dict[str, Registry] = {"sampler": SAMPLERS, "correction": CORRECTIONS, "env": ENVS}
@@ -35,7 +36,9 @@ class Config:
     max_steps: int = option(
         40, "training steps; one step is one sampled batch and its updates", gt=0, le=10**7
     )
-    log_dir: str = option("runs", "TensorBoard log directory; each run gets its own version_N folder")
+    log_dir: str = option(
+        "runs", "TensorBoard log directory; each run gets its own version_N folder", path=True
+    )
     run_name: str = option("lrl", "name of the run's folder under log_dir")
     threads: int = option(
         1, "torch CPU threads (1 is fastest for the tiny policy, robust on shared cores)", gt=0, le=1024
@@ -44,13 +47,16 @@ class Config:
     checkpoint_every: int = option(
         0, "write <checkpoint_dir>/last.ckpt (atomically) every N steps; 0: off", ge=0, le=MAX_INT
     )
-    checkpoint_dir: str | None = option(None, "checkpoint folder; default: the run folder's checkpoints/")
+    checkpoint_dir: str | None = option(
+        None, "checkpoint folder; default: the run folder's checkpoints/", path=True
+    )
     resume: str | None = option(
         None,
         "continue a run: 'last' (the newest resumable run of log_dir/run_name), a run folder, or a checkpoint",
+        path=True,
     )
     history_file: str | None = option(
-        None, "append every step's logged metrics to this JSONL file, flushed each step"
+        None, "append every step's logged metrics to this JSONL file, flushed each step", path=True
     )
     overwrite: bool = option(
         False, "replace an existing last.ckpt in --checkpoint-dir instead of refusing to start"
@@ -61,10 +67,10 @@ class Config:
     callbacks: list[str] = option([], "extra monitoring callbacks, by registered name", choices=CALLBACKS)
     # policy and environment
     model: str | None = option(
-        None, "local save_pretrained directory of a causal LM; default: the TinyAgent RL base"
+        None, "local save_pretrained directory of a causal LM; default: the TinyAgent RL base", path=True
     )
     tokenizer: str | None = option(
-        None, "transformers fast tokenizer directory; default: the environment's own"
+        None, "transformers fast tokenizer directory; default: the environment's own", path=True
     )
     env: str = option("tinyagent", "environment (a registered name)", choices=ENVS)
     max_turns: int = option(3, "turn limit of an episode", gt=0, le=10_000)
@@ -313,6 +319,9 @@ class Config:
     )
 
     def __post_init__(self):
+        for f in fields(self):  # paths are expanded here, once, before anything checks or uses them
+            if f.metadata.get("path"):
+                setattr(self, f.name, expand_path(getattr(self, f.name)))
         self.validate()
 
     def validate(self) -> Config:
@@ -411,6 +420,16 @@ def _ray_rules(cfg: Config) -> list[str]:
         problems.append(
             "rollout_backend: 'ray' needs the ray package, which is not installed: pip install -e \".[ray]\""
         )
+    for name in ("worker_cpus", "worker_gpus"):  # Ray counts resources in units of 1/10,000
+        value = getattr(cfg, name)
+        if value and abs(value * 10_000 - round(value * 10_000)) > 1e-6 * max(1.0, value * 10_000):
+            problems.append(
+                f"{name}: {value!r} is not allowed; Ray counts resources in steps of 0.0001 (e.g. 0.25, 0.0001)"
+            )
+        elif value and round(value * 10_000) == 0:
+            problems.append(
+                f"{name}: {value!r} is not allowed; it must be 0.0001 or more (Ray's smallest step)"
+            )
     address = cfg.ray_address
     if address is not None and address != "auto":
         host, _, port = address.rpartition(":")
@@ -430,6 +449,11 @@ def _run_name_rules(cfg: Config) -> list[str]:
         return [
             f"run_name: {name!r} is not allowed; it must be one folder name under log_dir "
             "(no '/', not '.' or '..')"
+        ]
+    if any(unicodedata.category(c).startswith("C") for c in name):  # control, format, unassigned characters
+        return [
+            f"run_name: {name!r} is not allowed; it holds control characters (a terminal would act on them in "
+            "every message that names the run's folder)"
         ]
     return []
 

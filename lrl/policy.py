@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -107,37 +108,106 @@ def check_weights(model) -> None:
         raise ValueError(f"{len(bad)} weight tensor(s) hold NaN or inf values (the first: {bad[0]})")
 
 
+# encoder families whose causal-LM heads attend to later tokens unless their config sets is_decoder
+ENCODER_TYPES = {
+    "bert",
+    "bert-generation",
+    "big_bird",
+    "camembert",
+    "data2vec-text",
+    "electra",
+    "ernie",
+    "megatron-bert",
+    "mobilebert",
+    "nezha",
+    "qdqbert",
+    "rembert",
+    "roberta",
+    "roberta-prelayernorm",
+    "roc_bert",
+    "roformer",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+    "xmod",
+    "modernbert",
+}
+PROBES = 3  # random probe sequences
+PROBE_LENGTH = 12
+CAUSAL_TOLERANCE = 1e-2  # earlier logits may move by this share of how much the later ones move (own dtype)
+CAUSAL_TOLERANCE_F64 = 1e-9  # ... in float64, where a causal model's earlier logits do not move at all
+PROBE_F64_PARAMETERS = 50_000_000  # models up to this size are probed on a float64 copy
+
+
 @torch.no_grad()
 def check_causal(model) -> None:
-    """Raise ValueError when the model's logits on a probe are not finite, or when its logits at a position
-    depend on later tokens (not a causal LM).
+    """Raise ValueError when the model is not a causal LM, or when its logits on a probe are not finite.
 
     A bidirectional encoder loaded under a causal-LM head (BERT with is_decoder false) would train and exit 0
-    while every log-prob looks at the future; changing the last token must leave earlier logits unchanged, up
-    to float rounding at the logits' own scale. Logits that overflow (weights scaled far beyond any trained
-    model's) are reported as such first: inf - inf is NaN, which would otherwise look like a dependence.
+    while every log-prob looks at the future. An encoder family whose config does not set ``is_decoder`` is
+    refused outright; every other model is probed: in each of several random sequences, every token after a
+    split point is changed, and the logits up to the split must stay where they were, up to a small share of
+    how much the logits after it moved (rounding, at any weight scale). Logits that overflow (weights scaled
+    far beyond any trained model's) are reported as such first: inf - inf is NaN, which would otherwise look
+    like a dependence.
     """
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", "")
+    if model_type in ENCODER_TYPES and not getattr(config, "is_decoder", False):
+        raise ValueError(
+            f"it is not a causal LM: a {model_type} encoder attends to later tokens unless its config sets "
+            "is_decoder: true (set it in config.json, or use a decoder)"
+        )
+    probe_causal(model)
+
+
+@torch.no_grad()
+def probe_causal(model) -> None:
+    """The numerical half of :func:`check_causal`: later tokens must not move earlier logits (ValueError).
+
+    The probe runs in float64 on a copy of a model of up to PROBE_F64_PARAMETERS weights: a randomly initialised
+    encoder with tiny weights moves its earlier logits by 1e-7 when later tokens change, below float32 rounding
+    at the logits' scale but far above float64's (a causal model's earlier logits do not move at all). A larger
+    model is probed in its own dtype, with the tolerance of that dtype's rounding."""
     vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 0
     if vocab < 4:
         return
-    ids = torch.arange(1, 9).remainder(vocab - 1).add(1)[None].to(next(model.parameters()).device)  # [1, 8]
-    changed = ids.clone()
-    changed[0, -1] = ids[0, -1] % (vocab - 1) + 1
-    a, b = (
-        model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0, :-1].float() for x in (ids, changed)
-    )
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        largest = max(p.detach().abs().max().item() for p in model.parameters())
-        raise ValueError(
-            f"its logits on a probe input are not finite (inf or NaN): the weights are too large for "
-            f"{next(model.parameters()).dtype} arithmetic (the largest |weight| is {largest:.3g})"
-        )
-    scale = a.abs().max().item()  # rounding of the attention and MLP sums grows with the logits' magnitude
-    if not torch.allclose(a, b, atol=1e-4 * max(1.0, scale), rtol=1e-4):
-        raise ValueError(
-            "it is not a causal LM: its logits at a position depend on later tokens "
-            f"({type(model).__name__}; for BERT-like encoders set is_decoder, or use a decoder)"
-        )
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(0)
+    probes = []
+    for probe in range(PROBES):
+        ids = torch.randint(1, vocab, (1, PROBE_LENGTH), generator=generator)  # [1, L]
+        split = 2 + probe * (PROBE_LENGTH - 4) // max(PROBES - 1, 1)  # positions 0 .. split keep their tokens
+        changed = ids.clone()
+        shift = torch.randint(1, vocab - 1, (1, PROBE_LENGTH - split - 1), generator=generator)
+        changed[:, split + 1 :] = (ids[:, split + 1 :] - 1 + shift) % (
+            vocab - 1
+        ) + 1  # every later token differs
+        probes.append((split, ids.to(device), changed.to(device)))
+
+    def logits(net, x):
+        return net(input_ids=x, attention_mask=torch.ones_like(x)).logits[0]  # [L, V]
+
+    for _, ids, changed in probes:  # finite in the model's own arithmetic
+        if not (torch.isfinite(logits(model, ids)).all() and torch.isfinite(logits(model, changed)).all()):
+            largest = max(p.detach().abs().max().item() for p in model.parameters())
+            raise ValueError(
+                f"its logits on a probe input are not finite (inf or NaN): the weights are too large for "
+                f"{next(model.parameters()).dtype} arithmetic (the largest |weight| is {largest:.3g})"
+            )
+    small = sum(p.numel() for p in model.parameters()) <= PROBE_F64_PARAMETERS
+    net = copy.deepcopy(model).double().eval() if small else model
+    tolerance = CAUSAL_TOLERANCE_F64 if small else CAUSAL_TOLERANCE
+    for split, ids, changed in probes:
+        a, b = logits(net, ids).double(), logits(net, changed).double()
+        earlier = (a[: split + 1] - b[: split + 1]).abs().max().item()
+        later = (a[split + 1 :] - b[split + 1 :]).abs().max().item()
+        if earlier > tolerance * later:
+            raise ValueError(
+                "it is not a causal LM: its logits at a position depend on later tokens "
+                f"({type(model).__name__}: changing the tokens after position {split} moved the logits before "
+                f"it by {earlier:.3g}, against {later:.3g} after it; for BERT-like encoders set is_decoder, or "
+                "use a decoder)"
+            )
 
 
 def check_vocabulary(model, tok) -> None:

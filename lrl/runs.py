@@ -129,7 +129,7 @@ def check_paths(cfg: Config) -> None:
         problems += check_input("resume", cfg.resume, "any")
     for name in ("model", "tokenizer"):
         problems += check_input(name, getattr(cfg, name), "dir")
-    if cfg.checkpoint_dir is not None and not _another_rank() and _in_use(Path(cfg.checkpoint_dir)):
+    if cfg.checkpoint_dir is not None and not _another_rank(cfg) and _in_use(Path(cfg.checkpoint_dir)):
         problems.append(_in_use_message(cfg.checkpoint_dir))
     if cfg.checkpoint_dir is not None and not cfg.overwrite and cfg.resume is None:
         existing = Path(cfg.checkpoint_dir) / "last.ckpt"
@@ -211,9 +211,12 @@ def _in_use_message(checkpoint_dir: str) -> str:
     )
 
 
-def _another_rank() -> bool:
-    """This process is a second rank of rank 0's data-parallel run (it shares rank 0's folders and locks)."""
-    return bool(os.environ.get(RUN_DIR_ENV)) and os.environ.get("LOCAL_RANK", "0") != "0"
+def _another_rank(cfg: Config) -> bool:
+    """This process is a second rank of rank 0's data-parallel run (it shares rank 0's folders and locks). A
+    run of one process is always rank 0, whatever LOCAL_RANK and LRL_RUN_DIR it inherited from a parent."""
+    return (
+        cfg.world_size > 1 and bool(os.environ.get(RUN_DIR_ENV)) and os.environ.get("LOCAL_RANK", "0") != "0"
+    )
 
 
 def _hold_checkpoint_dir(cfg: Config) -> int | None:
@@ -279,9 +282,13 @@ def checkpoint_step(path: Path) -> int:
 
 def open_run(cfg: Config) -> RunFolder:
     """The folder this run writes to: a new one, or, when resuming, the folder of the checkpoint's run."""
-    inherited = os.environ.get(RUN_DIR_ENV)
-    if inherited and os.environ.get("LOCAL_RANK", "0") != "0":  # another rank of rank 0's run
-        path = Path(inherited)
+    if _another_rank(cfg):  # another rank of rank 0's run
+        path = Path(os.environ[RUN_DIR_ENV]).expanduser()
+        if not (path.is_dir() and path.name.startswith("version_") and path.name[8:].isdigit()):
+            raise ConfigError(
+                f"{RUN_DIR_ENV}: {str(path)!r} is not a run folder (version_N); it is set by rank 0 of a "
+                "data-parallel run for its other ranks; unset it to start a run of your own"
+            )
         ckpt = path / "checkpoints" / "last.ckpt"
         resumed = cfg.resume is not None and ckpt.is_file()
         return RunFolder(
@@ -389,6 +396,16 @@ def _claim(ckpt: Path, cfg: Config) -> RunFolder | None:
     folder.step = step
     folder.note = f"resumed from step {folder.step} of {ckpt}; writing to {folder.path}"
     return folder
+
+
+def clean_run_temporaries(cfg: Config) -> list[Path]:
+    """The temporary files of killed checkpoint writes in every run folder of <log_dir>/<run_name> that no live
+    run holds (a run killed during its first write has no checkpoint, so nothing resumes that folder)."""
+    removed = []
+    for _, run in _versions(Path(cfg.log_dir) / cfg.run_name):
+        if not _in_use(run):
+            removed += clean_stale_temporaries(run / "checkpoints")
+    return removed
 
 
 def clean_stale_temporaries(folder: Path) -> list[Path]:

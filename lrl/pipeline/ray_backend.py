@@ -376,12 +376,15 @@ class RayWorkers:
                 except Exception:  # noqa: BLE001 (a dead actor cannot be told to stop)
                     pass
             # the workers end their loops (an engine shuts down), then the actors go
-            finishing = [s.handle.finish.remote(CLOSE_SECONDS) for s in self.slots]
+            launched = [
+                s for s in self.slots if s.handle is not None
+            ]  # a failed start leaves some without one
+            finishing = [s.handle.finish.remote(CLOSE_SECONDS) for s in launched]
             try:
                 ray.wait(finishing, num_returns=len(finishing), timeout=CLOSE_SECONDS + 1)
             except Exception:  # noqa: BLE001
                 pass
-            for slot in self.slots:
+            for slot in launched:
                 try:
                     ray.kill(slot.handle, no_restart=True)
                 except Exception:  # noqa: BLE001

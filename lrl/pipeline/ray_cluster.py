@@ -32,8 +32,10 @@ import uuid
 from pathlib import Path
 
 from lrl.pipeline.ray_keeper import MARKER, kill_marked, marked
+from lrl.reaper import OUTER_TMPDIR
 
 LOOPBACK = "127.0.0.2"  # Ray resolves 127.0.0.1 to the interface address on purpose; any other loopback stays
+REACH_SECONDS = 10.0  # a cluster's head that does not accept a TCP connection by then is unreachable
 START_SECONDS = 120.0  # a node's `ray start` on two busy cores took 10-12 s; a hard limit for a stuck one
 STOP_SECONDS = 15.0
 AUTH = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
@@ -95,7 +97,9 @@ class RayNode:
         `num_cpus` and custom `resources`; `env` is the cluster's authentication (a fresh token for a head).
         With `wait` false it returns once the node is launching (:meth:`wait_started` then waits for it)."""
         own = folder is None
-        folder = Path(folder or tempfile.mkdtemp(prefix="lrl-ray-", dir=os.environ.get("RAY_TMPDIR")))
+        # not in the run's own temporary folder: Ray's socket paths must stay short (a node's keeper removes it)
+        outer = os.environ.get("RAY_TMPDIR") or os.environ.get(OUTER_TMPDIR)
+        folder = Path(folder or tempfile.mkdtemp(prefix="lrl-ray-", dir=outer))
         env = dict(env or auth_files(folder))
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address", ip]
         command += ["--disable-usage-stats", "--temp-dir", str(folder)]
@@ -238,20 +242,23 @@ class RayRuntime:
 
     @staticmethod
     def _resolve(address: str) -> str:
-        """HOST:PORT of `address` ('auto': RAY_ADDRESS, else the cluster `ray start` last started here)."""
-        if address != "auto":
-            return address
-        found = os.environ.get("RAY_ADDRESS")
-        if not found:
-            from ray._common.utils import read_ray_address
-
-            found = read_ray_address()
-        if not found:
+        """HOST:PORT of `address` ('auto': RAY_ADDRESS, else the cluster `ray start` last started here), checked
+        to answer on TCP within REACH_SECONDS: ray.init itself retries an address that does not answer for
+        minutes."""
+        where = "--ray-address"
+        if address == "auto":
+            address, where = _recorded_address()
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=REACH_SECONDS):
+                pass
+        except (OSError, ValueError) as err:
+            reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
             raise RayStartError(
-                "ray_address: auto found no running cluster (no RAY_ADDRESS, no cluster started with `ray start` "
-                "on this machine); give HOST:PORT, or leave it out to start one with the run"
-            )
-        return found
+                f"cannot reach the Ray cluster at {address} (from {where}): {reason.lower()} (tried for up to "
+                f"{REACH_SECONDS:g} s); start it (ray start --head) or give the address of its head"
+            ) from None
+        return address
 
     def _set_env(self, env: dict) -> None:
         """The cluster's authentication for this process (the driver), restored by close()."""
@@ -287,6 +294,28 @@ class RayRuntime:
                     os.environ[key] = value
             self._saved_env = {}
             _refresh_auth()
+
+
+def _recorded_address() -> tuple[str, str]:
+    """--ray-address auto: RAY_ADDRESS, else the address `ray start` recorded on this machine -> (address, where
+    it came from). Read from the file Ray writes (ray/ray_current_cluster in the system's temporary folder),
+    not through Ray's private functions, which move between releases."""
+    found = os.environ.get("RAY_ADDRESS", "").strip()
+    if found:
+        return found, "RAY_ADDRESS"
+    folders = [os.environ.get("RAY_TMPDIR"), os.environ.get(OUTER_TMPDIR), tempfile.gettempdir(), "/tmp"]
+    for folder in dict.fromkeys(f for f in folders if f):
+        record = Path(folder) / "ray" / "ray_current_cluster"
+        try:
+            text = record.read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text, str(record)
+    raise RayStartError(
+        "ray_address: auto found no running cluster (no RAY_ADDRESS, no cluster started with `ray start` on "
+        "this machine); give HOST:PORT, or leave it out to start one with the run"
+    )
 
 
 def _quiet_job_errors():

@@ -15,7 +15,9 @@ import sys
 
 import torch
 
+from lrl.cli import OneLineParser
 from lrl.sim.durations import agent_episode_durations
+from lrl.sim.limits import MAX_EPISODES, MAX_POOL, MAX_SECONDS, MAX_SEED, MAX_SLOTS
 from lrl.sim.tables import (
     Setup,
     consume_lines,
@@ -39,7 +41,7 @@ def _typed(cast, test, what: str):
     def parse(text: str):
         try:
             value = cast(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if not test(value):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
@@ -48,11 +50,23 @@ def _typed(cast, test, what: str):
     return parse
 
 
-POS_INT = _typed(int, lambda v: v >= 1, "an integer >= 1")
-NONNEG_INT = _typed(int, lambda v: v >= 0, "an integer >= 0")
-NONNEG_FLOAT = _typed(float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
-POS_FLOAT = _typed(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
+def int_in(low: int, high: int):
+    return _typed(int, lambda v: low <= v <= high, f"an integer in [{low}, {high}]")
+
+
+def seconds(low_open: bool):
+    if low_open:
+        return _typed(float, lambda v: 0 < v <= MAX_SECONDS, f"a number of seconds in (0, {MAX_SECONDS:g}]")
+    return _typed(float, lambda v: 0 <= v <= MAX_SECONDS, f"a number of seconds in [0, {MAX_SECONDS:g}]")
+
+
+POS_INT = int_in(1, MAX_SLOTS)  # counts of slots, episodes and batches
+NONNEG_INT = int_in(0, 10_000)  # staleness bounds
+STEPS = int_in(1, 1_000_000)
+NONNEG_FLOAT = _typed(float, lambda v: 0 <= v <= MAX_SECONDS, f"a finite number in [0, {MAX_SECONDS:g}]")
+POS_FLOAT = seconds(low_open=True)
 FRACTION = _typed(float, lambda v: 0 < v < 1, "a number strictly between 0 and 1")
+SEED = int_in(0, MAX_SEED)
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -64,7 +78,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every duration-model and simulator setting, with the reference values as defaults."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m lrl.sim",
         description="Simulate rollout pipelines. Prints the reference tables (docs/simulate.md): "
         "durations and batch maxima, five designs, a timeout, the sync cost, the failure bias. --extra adds "
@@ -75,15 +89,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("episode durations")
     g.add_argument(
-        "--seed", type=int, default=0, help="seed of the torch CPU generator the durations come from"
+        "--seed", type=SEED, default=0, help="seed of the torch CPU generator the durations come from"
     )
     g.add_argument(
-        "--n-durations", type=POS_INT, default=65_536, help="durations drawn (the pool every run uses)"
+        "--n-durations",
+        type=int_in(1, MAX_POOL),
+        default=65_536,
+        help="durations drawn (the pool every run uses)",
     )
     g.add_argument(
-        "--mean-turns", type=_typed(float, lambda v: v > 1, "a number > 1"), default=8, help="mean turns"
+        "--mean-turns",
+        type=_typed(float, lambda v: 1 < v <= 10_000, "a number in (1, 10000]"),
+        default=8,
+        help="mean turns",
     )
-    g.add_argument("--max-turns", type=POS_INT, default=40, help="turns are capped at this")
+    g.add_argument("--max-turns", type=int_in(1, 10_000), default=40, help="turns are capped at this")
     g.add_argument(
         "--tokens-per-turn",
         type=NONNEG_FLOAT,
@@ -125,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds per weight sync (pauses generation); default 10 for the tables, with --trace it "
         "overrides the trace",
     )
-    g.add_argument("--steps", type=POS_INT, default=20, help="training steps simulated")
+    g.add_argument("--steps", type=STEPS, default=20, help="training steps simulated")
     g = p.add_argument_group("timeout, sync cost and worker failures")
     g.add_argument(
         "--timeout-quantile", type=FRACTION, default=0.95, help="timeout at this duration quantile"
@@ -143,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds per worker failure (constant hazard); tables default to 2000; with --single, "
         "failures are simulated only if given",
     )
-    g.add_argument("--failure-seed", type=int, default=1, help="seed of the failure draws")
+    g.add_argument("--failure-seed", type=SEED, default=1, help="seed of the failure draws")
     g = p.add_argument_group("extras")
     g.add_argument(
         "--extra",
@@ -152,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--etas", type=NONNEG_INT, nargs="+", default=list(range(9)), help="bounds of the sweeps")
     g.add_argument("--exp-mean", type=POS_FLOAT, default=96.0, help="exponential study: mean duration (s)")
-    g.add_argument("--exp-steps", type=POS_INT, default=200, help="exponential study: steps per batch size")
+    g.add_argument("--exp-steps", type=STEPS, default=200, help="exponential study: steps per batch size")
     g.add_argument(
         "--exp-batch-sizes",
         type=POS_INT,
@@ -166,9 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the timeline and staleness-throughput figures (with --extra also their plots) here, as PNG and SVG",
     )
     g.add_argument(
-        "--timeline-slots", type=POS_INT, default=8, help="timeline figure: slots = episodes per step"
+        "--timeline-slots", type=int_in(1, 1024), default=8, help="timeline figure: slots = episodes per step"
     )
-    g.add_argument("--timeline-steps", type=POS_INT, default=4, help="timeline figure: steps drawn")
+    g.add_argument("--timeline-steps", type=int_in(1, 1000), default=4, help="timeline figure: steps drawn")
     g.add_argument(
         "--timeline-eta", type=NONNEG_INT, default=1, help="timeline figure: bound of the async pipeline"
     )
@@ -313,6 +333,11 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         trace = read_trace(args.trace)
         plan = planner.resolve(trace, options, flags, args.steps)
+        if plan.steps * plan.batch > MAX_EPISODES:
+            parser.error(
+                f"--steps x the batch ({plan.source['batch']}) is {plan.steps * plan.batch} episodes, more than "
+                f"{MAX_EPISODES} per simulated run; lower --steps"
+            )
         rows = planner.plan_rows(trace, plan)
     except TraceError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
@@ -327,6 +352,26 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def check_sizes(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Work that no machine holds is refused before anything is allocated (each bound says which options)."""
+    if args.n_durations * args.max_turns > MAX_POOL:
+        parser.error(
+            f"--n-durations x --max-turns is {args.n_durations * args.max_turns}, more than {MAX_POOL} (the "
+            "duration model draws a tensor of that many numbers); lower one of them"
+        )
+    batch = args.batch_size or 64
+    if args.trace is None and args.steps * batch > MAX_EPISODES:
+        parser.error(
+            f"--steps x --batch-size is {args.steps * batch} episodes, more than {MAX_EPISODES} per simulated "
+            "run; lower --steps"
+        )
+    if args.extra and args.exp_steps * max(args.exp_batch_sizes) > MAX_EPISODES:
+        parser.error(
+            f"--exp-steps x the largest --exp-batch-sizes is {args.exp_steps * max(args.exp_batch_sizes)} "
+            f"episodes, more than {MAX_EPISODES}; lower one of them"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
@@ -334,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     low, high = args.tokens_per_turn
     if low > high:
         parser.error(f"--tokens-per-turn: LOW must be <= HIGH; got {low:g} > {high:g}")
+    check_sizes(args, parser)
     if args.trace is not None:
         return run_trace(args, parser)
     if args.json:

@@ -17,6 +17,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from lrl.sim.limits import MAX_SECONDS, MAX_SLOTS
+
 SETTINGS = ("train_s", "sync_s", "slots", "batch")  # what a trace may say besides its durations
 COUNTS = ("slots", "batch")  # of those, the ones that are integers >= 1
 
@@ -49,16 +51,19 @@ def _number(path: str, line: int, name: str, value) -> float | int:
             shown = repr(text) if text else "empty"
             raise TraceError(path, line, f"{name} is {shown}, not a number") from None
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TraceError(path, line, f"{name} is {json.dumps(value)}, not a number")
-    value = float(value)
+        raise TraceError(path, line, f"{name} is {json.dumps(value)[:40]}, not a number")
+    try:
+        value = float(value)
+    except OverflowError:  # an integer too large for a float
+        raise TraceError(path, line, f"{name} is an integer of {len(str(value))} digits, too large") from None
     if not math.isfinite(value):
         raise TraceError(path, line, f"{name} is {value}, not a finite number")
     if name in COUNTS:
-        if value < 1 or value != int(value):
-            raise TraceError(path, line, f"{name} is {value:g}; it must be an integer >= 1")
+        if value < 1 or value != int(value) or value > MAX_SLOTS:
+            raise TraceError(path, line, f"{name} is {value:g}; it must be an integer in [1, {MAX_SLOTS}]")
         return int(value)
-    if value < 0:
-        raise TraceError(path, line, f"{name} is {value:g}; it must be >= 0 seconds")
+    if not 0 <= value <= MAX_SECONDS:
+        raise TraceError(path, line, f"{name} is {value:g}; it must be in [0, {MAX_SECONDS:g}] seconds")
     return value
 
 
@@ -137,6 +142,10 @@ def _read_jsonl(path: str, handle) -> Trace:
             obj = json.loads(text)
         except json.JSONDecodeError as err:
             raise TraceError(path, line, f"not JSON ({err.msg} at column {err.colno})") from None
+        except RecursionError:
+            raise TraceError(path, line, "not a trace line (nested too deeply to read)") from None
+        except ValueError as err:  # e.g. an integer of more digits than Python converts
+            raise TraceError(path, line, f"not a trace line ({' '.join(str(err).split())[:120]})") from None
         if not isinstance(obj, dict):
             raise TraceError(path, line, f"expected a JSON object, got {type(obj).__name__}")
         if "duration_s" not in obj:

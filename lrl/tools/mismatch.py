@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from lrl.cli import OneLineParser
 from lrl.policy import continuation_log_probs, with_fp32_head
 from lrl.stats import PROBABILITY_BINS, cdf_points, compare, probability_bins, ratio_ranges
 
@@ -42,8 +43,31 @@ def ragged(prompts: list[list[int]], spread: int = 13) -> list[list[int]]:
     return [p[: len(p) - i % spread] for i, p in enumerate(prompts)]
 
 
+def _bounded(cast, low, high, what: str):
+    """An argparse type: `cast` the text and check low <= value <= high (None: no bound on that side)."""
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if (low is not None and not value >= low) or (high is not None and not value <= high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _open_unit(text: str) -> float:
+    """A top-p mass: a number in (0, 1]."""
+    value = _bounded(float, None, 1.0, "a number in (0, 1]")(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m lrl.mismatch",
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -51,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model", help="local save_pretrained directory of a causal LM (default: the TinyAgent RL base)"
     )
-    p.add_argument("--new-tokens", type=int, default=32, help="tokens sampled per prompt")
+    p.add_argument(
+        "--new-tokens",
+        type=_bounded(int, 1, 4096, "an integer in [1, 4096]"),
+        default=32,
+        help="tokens sampled per prompt",
+    )
     p.add_argument(
         "--sampler",
         default="engine",
@@ -65,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("bfloat16", "float32"),
         help="vLLM's dtype (default --engine-dtype)",
     )
-    p.add_argument("--vllm-kv-cache", type=int, default=256, help="MiB of KV cache for vLLM")
+    p.add_argument(
+        "--vllm-kv-cache",
+        type=_bounded(int, 1, 1_048_576, "a number of MiB in [1, 1048576]"),
+        default=256,
+        help="MiB of KV cache for vLLM (at most what the machine's memory holds)",
+    )
     p.add_argument(
         "--random-model",
         choices=sorted(RANDOM_SHAPES),
@@ -74,14 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--trainer-batch",
-        type=int,
+        type=_bounded(int, 0, 1_000_000, "an integer >= 0"),
         nargs="+",
         default=[1, 0],
         help="sequences per trainer forward; 0 means all prompts in one batch",
     )
     p.add_argument(
         "--engine-batch",
-        type=int,
+        type=_bounded(int, 1, 1_000_000, "an integer >= 1"),
         nargs="*",
         default=None,
         help="also rescore the engine's tokens in these decode batch sizes (bare flag: 1 10 30)",
@@ -93,13 +127,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fp32-head", action="store_true", help="LM head in fp32 on the low-precision models")
     p.add_argument(
-        "--top-p", type=float, default=1.0, help="engine nucleus sampling (mu is the truncated one)"
+        "--top-p", type=_open_unit, default=1.0, help="engine nucleus sampling (mu is the truncated one)"
     )
-    p.add_argument("--top-k", type=int, default=0, help="engine top-k sampling (0: off)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--top-k",
+        type=_bounded(int, 0, 2**31 - 1, "an integer >= 0"),
+        default=0,
+        help="engine top-k sampling (0: off)",
+    )
+    p.add_argument("--temperature", type=_bounded(float, 0.01, 100.0, "a number in [0.01, 100]"), default=1.0)
+    p.add_argument("--seed", type=_bounded(int, 0, 2**63 - 1, "an integer in [0, 2**63 - 1]"), default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument(
+        "--threads",
+        type=_bounded(int, 1, 1024, "an integer in [1, 1024]"),
+        default=1,
+        help="torch CPU threads",
+    )
     p.add_argument("--json", help="write the results to this JSON file")
     p.add_argument(
         "--plot", help="write mismatch.png (CDF of |d|, mean |d| by probability bin) to this folder"
@@ -266,11 +310,15 @@ class VLLMScorer:
     """vLLM sampling fixed-length continuations of the gym prompts, in batches of a given size."""
 
     def __init__(self, model, args, longest: int):
-        from samplers.vllm import VLLMSampler, vllm_missing
+        from lrl.errors import EngineError
+        from samplers.vllm import VLLMSampler, kv_cache_problems, vllm_missing
 
         missing = vllm_missing()
         if missing:
             raise ValueError(missing)
+        problems = kv_cache_problems(args.vllm_kv_cache, next(model.parameters()).device.type == "cuda")
+        if problems:
+            raise ValueError("; ".join(p.replace("vllm_kv_cache:", "--vllm-kv-cache:") for p in problems))
         self.args = args
         dtype = args.vllm_dtype or args.engine_dtype
         if dtype not in ("bfloat16", "float32"):
@@ -282,7 +330,10 @@ class VLLMScorer:
         self.sampler = VLLMSampler(
             tok, dtype=dtype, kv_cache_mib=args.vllm_kv_cache, seed=args.seed, max_model_len=length
         )
-        self.sampler.setup(model, 0)
+        try:
+            self.sampler.setup(model, 0)
+        except EngineError as err:
+            raise ValueError(str(err)) from None
 
     def generate(self, prompts, batch: int):
         """n tokens per prompt (eos does not stop it), each prompt with its own seed -> ids, log-probs [B, n]."""
