@@ -1,5 +1,7 @@
 import logging
 import os
+import shutil
+import tempfile
 import warnings
 
 import pytest
@@ -7,6 +9,21 @@ import torch
 from hypothesis import settings
 
 from lrl.envs.tinyagent import build_tokenizer, make_tasks
+
+# every temporary file of the test run (pytest's own, multiprocessing's, the engine's and Ray's, those of the runs
+# the tests start) goes into one folder of the session, removed at its end: the run leaves /tmp as it found it.
+# The controller makes it before the xdist workers start; they inherit it with the environment.
+SESSION_TMP = "LRL_TEST_TMPDIR"
+if not os.environ.get(SESSION_TMP):
+    os.environ[SESSION_TMP] = tempfile.mkdtemp(prefix="lrl-tests-")
+    os.environ["TMPDIR"] = os.environ[SESSION_TMP]
+    tempfile.tempdir = None  # tempfile computes its default again, from TMPDIR
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):  # the controller, once every worker is done
+        shutil.rmtree(os.environ[SESSION_TMP], ignore_errors=True)
+
 
 warnings.filterwarnings("ignore", ".*dataloader_iter.*")
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -65,7 +82,7 @@ def quick_cfg(**kw):
         eval_every=1000,
         eval_episodes=2,
         progress=False,
-        log_dir="/tmp/lrl-test-runs",
+        log_dir=os.path.join(tempfile.gettempdir(), "lrl-test-runs"),
     )
     base.update(kw)
     return Config(**base)

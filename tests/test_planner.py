@@ -103,7 +103,11 @@ BAD = [
         "1: no duration_s column (the header names 'seconds', 'train_s')",
     ),
     ("header.csv", "duration_s,train_s,sync_s\n", "2: no episodes after the header"),
-    ("neg.csv", "duration_s,train_s,sync_s\n5,1,1\n-3,1,1\n", "3: duration_s is -3; it must be >= 0 seconds"),
+    (
+        "neg.csv",
+        "duration_s,train_s,sync_s\n5,1,1\n-3,1,1\n",
+        "3: duration_s is -3; it must be in [0, 1e+09] seconds",
+    ),
     ("nan.csv", "duration_s,train_s,sync_s\nnan,1,1\n", "2: duration_s is nan, not a finite number"),
     (
         "inf.jsonl",
@@ -117,11 +121,15 @@ BAD = [
     ),
     ("blank.csv", "duration_s,train_s,sync_s\n1,1,1\n,1,1\n", "3: duration_s is empty, not a number"),
     ("short.csv", "train_s,sync_s,duration_s\n1,1,4\n1,1\n", "3: no duration_s value"),
-    ("train.csv", "duration_s,train_s,sync_s\n5,-1,1\n", "2: train_s is -1; it must be >= 0 seconds"),
+    (
+        "train.csv",
+        "duration_s,train_s,sync_s\n5,-1,1\n",
+        "2: train_s is -1; it must be in [0, 1e+09] seconds",
+    ),
     (
         "sync.jsonl",
         '{"train_s": 1, "sync_s": -5}\n{"duration_s": 3}\n',
-        "1: sync_s is -5; it must be >= 0 seconds",
+        "1: sync_s is -5; it must be in [0, 1e+09] seconds",
     ),
     ("two.csv", "duration_s,train_s,sync_s\n5,20,1\n6,30,1\n", "3: train_s is 30 but line 2 says 20"),
     (
@@ -140,7 +148,7 @@ BAD = [
     (
         "slots.csv",
         "duration_s,train_s,sync_s,slots\n5,1,1,2.5\n",
-        "2: slots is 2.5; it must be an integer >= 1",
+        "2: slots is 2.5; it must be an integer in [1, 1048576]",
     ),
 ]
 

@@ -511,7 +511,8 @@ def snapshot(root: Path) -> dict[str, tuple]:
     return out
 
 
-def test_every_path_option_gives_a_clear_error_or_a_working_run(model_dir):
+def test_every_path_option_gives_a_clear_error_or_a_working_run(model_dir, tmp_path):
+    import shutil
     import tempfile
 
     from hypothesis import given, settings
@@ -551,7 +552,15 @@ def test_every_path_option_gives_a_clear_error_or_a_working_run(model_dir):
     @settings(max_examples=22, deadline=None)
     @given(option=st.sampled_from(OPTIONS), kind=st.sampled_from(KINDS))
     def one(option, kind):
-        root = Path(tempfile.mkdtemp(prefix="lrl-fuzz-"))
+        root = Path(
+            tempfile.mkdtemp(prefix="lrl-fuzz-", dir=tmp_path)
+        )  # one folder per example, removed after
+        try:
+            check(root, option, kind)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def check(root, option, kind):
         path = make_path(root, kind)
         before = snapshot(root)
         args = [*micro, "--log-dir", str(root / "runs"), option, str(path)]
