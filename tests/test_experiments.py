@@ -64,3 +64,36 @@ def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
+
+
+def test_an_emulated_machine_perturbs_every_weight_by_one_part_in_ten_million(tiny_policy):
+    import copy
+
+    import torch
+
+    a = seeds_experiment.perturbed(copy.deepcopy(tiny_policy), 1)
+    b = seeds_experiment.perturbed(copy.deepcopy(tiny_policy), 1)
+    c = seeds_experiment.perturbed(copy.deepcopy(tiny_policy), 2)
+    for p, pa, pb, pc in zip(tiny_policy.parameters(), a.parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(pa, pb)  # the same noise seed is the same machine
+        nonzero = p != 0
+        rel = ((pa - p).abs() / p.abs())[nonzero]
+        assert rel.max() < 1e-6 and rel.median() > 1e-9  # every weight moved, by about 1e-7 of itself
+        assert not torch.equal(pa, pc) or not nonzero.any()
+
+
+def test_the_machine_summary_names_the_failing_seeds():
+    results = [
+        {"seed": s, "machine": m, "pass_rate": p, "warnings": 0}
+        for m, rates in (("here", [0.9, 0.95]), ("perturb1", [0.9, 0.6]))
+        for s, p in enumerate(rates)
+    ]
+    table = seeds_experiment.summary(results, ["here", "perturb1"])
+    assert "| here |" in table and "| none |" in table
+    assert "| perturb1 |" in table and "| 0.600 | 1 |" in table
+
+
+def test_an_unknown_machine_is_refused():
+    with pytest.raises(SystemExit) as exit_:
+        seeds_experiment.main(["--machines", "here,moon", "--seeds", "1"])
+    assert exit_.value.code == 2

@@ -5,6 +5,7 @@ uninterrupted curves, and a model the engine refuses is one line before anything
 from __future__ import annotations
 
 import copy
+import os
 import signal
 import subprocess
 import sys
@@ -121,10 +122,15 @@ def test_sigkill_and_resume_give_the_uninterrupted_curves(tmp_path, tok, format_
     assert whole.returncode == 0, whole.stderr[-2000:]
     history = tmp_path / "b.jsonl"
     args = [*base, "--log-dir", str(tmp_path / "b"), "--history-file", str(history)]
-    killed = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scratch = tmp_path / "tmp"  # the killed run's temporary folder, watched below
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    killed = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wait_until(lambda: len(history_lines(history)) >= 3 or killed.poll() is not None, 300, "three steps")
+    assert list(scratch.iterdir()), "the run wrote nothing under its TMPDIR"
     killed.send_signal(signal.SIGKILL)
     assert killed.wait() == -signal.SIGKILL
+    wait_until(lambda: not list(scratch.iterdir()), 10, "the killed run's temporary files to be removed")
     done = subprocess.run([*args, "--resume", "last"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
 

@@ -3,8 +3,14 @@ error and minimum, and a figure of every seed's held-out curve.
 
     python -m lrl.experiments.seeds --seeds 10                    # python train.py, seeds 0 to 9
     python -m lrl.experiments.seeds --seeds 10 -- --env review    # any train.py flags after --
+    python -m lrl.experiments.seeds --seeds 20 --machines all     # and under every emulated machine
 
-A result measured on one seed is an anecdote: the same seed follows another trajectory on another CPU.
+A result measured on one seed is an anecdote: the same seed follows another trajectory on another CPU. The float
+rounding of another CPU cannot be had here, but its effect can: a trajectory that is fragile amplifies the
+smallest difference. ``--machines`` runs every seed again on emulated machines (:data:`MACHINES`): the starting
+weights perturbed by one part in 10^7 (about float32's rounding step, or SIZE) with a noise seed of its own, or more
+torch threads (other reduction orders where a product is large enough to be split; on TinyAgent's policy none is,
+and ``threads2`` repeats ``here`` bit for bit, so ``all`` leaves it out).
 """
 
 from __future__ import annotations
@@ -20,18 +26,54 @@ from pathlib import Path
 from lrl.experiments.stats import mean_se
 
 LATE = 20  # steps after which a healthy run no longer produces malformed actions at a high rate
+PERTURBATION = 1e-7  # relative size of an emulated machine's change of the starting weights (float32's step)
+# emulated machines: name -> (torch threads, the seed of the weights' perturbation or None)
+# the machines of --machines all; any "perturbN", "perturbN@SIZE" or "threadsN" is accepted too (machine_spec)
+MACHINES = ("here", "perturb1", "perturb2", "perturb3", "perturb4")
+# "threads2" was measured bit-identical to "here" on TinyAgent's policy: its products are too small to be split
+
+
+def machine_spec(name: str) -> tuple[int, int | None, float]:
+    """An emulated machine by name -> (torch threads, the seed of the weights' perturbation or None, its size):
+    "here", "threadsN", "perturbN" (size PERTURBATION) or "perturbN@SIZE"; ValueError for anything else."""
+    if name == "here":
+        return 1, None, 0.0
+    if name.startswith("threads") and name[7:].isdigit() and 1 <= int(name[7:]) <= 64:
+        return int(name[7:]), None, 0.0
+    if name.startswith("perturb"):
+        seed, _, size = name[7:].partition("@")
+        try:
+            value = float(size) if size else PERTURBATION
+        except ValueError:
+            value = -1.0
+        if seed.isdigit() and 0 < value < 1:
+            return 1, int(seed), value
+    raise ValueError(f"{name!r} is not a machine: here, threadsN, perturbN or perturbN@SIZE (0 < SIZE < 1)")
+
+
+def perturbed(model, seed: int, size: float = PERTURBATION):
+    """`model` with every weight multiplied by (1 + size * z), z standard normal from `seed` (in place)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + size * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return model
 
 
 def one_seed(args: tuple) -> dict:
-    """Train one seed with the given train.py flags -> its summary and curves."""
-    seed, flags, out = args
+    """Train one seed with the given train.py flags, on an emulated machine -> its summary and curves."""
+    seed, flags, out, machine = (*args, "here") if len(args) == 3 else args
     import logging
     import warnings
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     from lrl.arguments import parse_args
-    from lrl.run import build_run, fit
+    from lrl.envs import make_env
+    from lrl.run import build_run, fit, load_model
 
+    threads, noise, size = machine_spec(machine)
     cfg = parse_args(
         [
             *flags,
@@ -39,22 +81,32 @@ def one_seed(args: tuple) -> dict:
             str(seed),
             "--progress",
             "false",
+            "--threads",
+            str(threads),
             "--log-dir",
             str(Path(out) / "runs"),
             "--run-name",
-            f"seed{seed}",
+            f"{machine}-seed{seed}" if machine != "here" else f"seed{seed}",
         ]
     )
+    policy = None
+    if noise is not None:  # the run's own starting policy, perturbed
+        spec = make_env(cfg)
+        policy = load_model(cfg, spec.tok) or (spec.warm_start() if spec.warm_start else None)
+        if policy is None:
+            raise ValueError(f"machine {machine}: the environment has no starting policy to perturb")
+        policy = perturbed(policy, noise, size)
     start = time.time()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run = build_run(cfg)
+        run = build_run(cfg, policy=policy)
         result = fit(run)
     ours = [str(w.message) for w in caught if is_ours(w.filename)]
     history = run.module.history
     late = [h["train/invalid"] for h in history if h["step"] >= LATE]
     return {
         "seed": seed,
+        "machine": machine,
         "pass_rate": result["pass_rate"],
         "invalid": result["invalid"],
         **{m: result[m] for m in run.spec.metrics},
@@ -142,7 +194,36 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{os.cpu_count()} x {cpu}, torch threads 1 per run"
+    return f"{os.cpu_count()} x {cpu}"
+
+
+def machine_words(name: str) -> str:
+    threads, noise, size = machine_spec(name)
+    if noise is not None:
+        return f"starting weights x (1 + {size:g} z), noise seed {noise}, torch threads {threads}"
+    return f"torch threads {threads} per run"
+
+
+FLOOR = 0.85  # held-out pass rate below which a seed counts as failed
+
+
+def summary(results: list[dict], machines: list[str]) -> str:
+    """One row per machine: held-out mean ± SE, minimum, the seeds below FLOOR, warnings."""
+    lines = [
+        "| machine | what differs | held-out mean ± SE | minimum | seeds below 0.85 | warnings |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in machines:
+        rows = [r for r in results if r["machine"] == name]
+        mean, se = mean_se([r["pass_rate"] for r in rows])
+        failing = ", ".join(
+            str(r["seed"]) for r in sorted(rows, key=lambda r: r["seed"]) if r["pass_rate"] < FLOOR
+        )
+        lines.append(
+            f"| {name} | {machine_words(name)} | {mean:.3f} ± {se:.3f} | {min(r['pass_rate'] for r in rows):.3f} "
+            f"| {failing or 'none'} | {sum(r['warnings'] for r in rows)} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,18 +236,32 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=os.cpu_count() or 1, help="runs in parallel (1 thread each)"
     )
     parser.add_argument(
+        "--machines",
+        default="here",
+        help=f"comma-separated emulated machines (here, threadsN, perturbN, perturbN@SIZE), or all: "
+        f"{', '.join(MACHINES)} (default here: this machine)",
+    )
+    parser.add_argument(
         "--out", default="results/seeds", help="folder for table.md, results.json, heldout.png"
     )
     parser.add_argument("flags", nargs="*", help="train.py flags, after --")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         parser.error("--seeds and --jobs must be >= 1")
+    machines = list(MACHINES) if args.machines == "all" else args.machines.split(",")
+    for name in machines:
+        try:
+            machine_spec(name)
+        except ValueError as err:
+            parser.error(f"--machines: {err}")
     from lrl.arguments import parse_args
     from lrl.config import ConfigError
     from lrl.envs import make_env
 
+    if "--threads" in args.flags:
+        parser.error("--threads is the machine's (see --machines); leave it out of the train.py flags")
     try:
-        cfg = parse_args([*args.flags, "--threads", "1"])
+        cfg = parse_args(list(args.flags))
     except ConfigError as err:
         parser.error(str(err))
     spec = make_env(cfg)
@@ -174,27 +269,38 @@ def main(argv: list[str] | None = None) -> int:
         spec.warm_start()  # build the cache once, before the workers
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    flags = [*args.flags, "--threads", "1"]
-    cells = [(s, flags, str(out)) for s in range(args.first_seed, args.first_seed + args.seeds)]
+    flags = list(args.flags)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    cells = [(s, flags, str(out), m) for m in machines for s in seeds]
     start, results = time.time(), []
     with ProcessPoolExecutor(args.jobs) as pool:
         for i, r in enumerate(pool.map(one_seed, cells), 1):
             results.append(r)
             print(
-                f"[{i}/{len(cells)}] seed {r['seed']}: held-out {r['pass_rate']:.3f} invalid {r['invalid']:.3f} "
-                f"max late train/invalid {r['max_late_train_invalid']:.3f}, {r['warnings']} warnings "
-                f"({time.time() - start:.0f} s)",
+                f"[{i}/{len(cells)}] {r['machine']} seed {r['seed']}: held-out {r['pass_rate']:.3f} invalid "
+                f"{r['invalid']:.3f} max late train/invalid {r['max_late_train_invalid']:.3f}, {r['warnings']} "
+                f"warnings ({time.time() - start:.0f} s)",
                 flush=True,
             )
             for text in r["warning_texts"]:
                 print(f"    seed {r['seed']}: {text}", flush=True)
-    table = markdown(results, args.flags, list(spec.metrics), machine())
+    where = machine()
+    table = ""
+    for name in machines:
+        rows = [r for r in results if r["machine"] == name]
+        table += f"### {name}\n\n" if len(machines) > 1 else ""
+        table += markdown(rows, args.flags, list(spec.metrics), f"{where}, {machine_words(name)}") + "\n"
+    if len(machines) > 1:
+        table += "### every machine\n\n" + summary(results, machines)
     table += f"\nWall time: {time.time() - start:.0f} s for {len(cells)} runs ({args.jobs} in parallel).\n"
     (out / "table.md").write_text(table)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    plot(results, out / "heldout.png", f"python train.py {' '.join(args.flags)}".strip())
+    for name in machines:
+        rows = [r for r in results if r["machine"] == name]
+        title = f"python train.py {' '.join(args.flags)}".strip() + (f" ({name})" if name != "here" else "")
+        plot(rows, out / ("heldout.png" if name == "here" else f"heldout_{name}.png"), title)
     print(table)
-    print(f"wrote {out / 'table.md'}, {out / 'results.json'}, {out / 'heldout.png'}")
+    print(f"wrote {out / 'table.md'}, {out / 'results.json'} and the held-out figures in {out}")
     return 0
 
 
