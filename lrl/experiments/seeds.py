@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import time
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     cells = [(s, flags, str(out), m) for m in machines for s in seeds]
     start, results = time.time(), []
-    with ProcessPoolExecutor(args.jobs) as pool:
+    # spawned, not forked: a fork after torch has started its thread pool can hang in the child's first product
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for i, r in enumerate(pool.map(one_seed, cells), 1):
             results.append(r)
             print(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -267,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     results = []
-    with ProcessPoolExecutor(args.jobs) as pool:
+    # spawned, not forked: a fork after torch has started its thread pool can hang in the child's first product
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for i, r in enumerate(pool.map(one_run, cells), 1):
             results.append(r)
             (out / "results.json").write_text(json.dumps(results, indent=1))  # progress survives a crash
