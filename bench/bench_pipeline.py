@@ -135,9 +135,9 @@ def backend_rates(repeats: int, steps: int) -> dict[str, list[float]]:
 def message_costs(n: int = 400) -> dict[str, float]:
     """Milliseconds per controller -> actor message (calls sent back to back, then one awaited) and per call
     round trip (an empty collect, what an idle long poll costs), on a one-node Ray."""
+    from lrl.pipeline.backends.ray.cluster import RayRuntime
+    from lrl.pipeline.backends.ray.workers import RolloutActor
     from lrl.pipeline.messages import Resume
-    from lrl.pipeline.ray_backend import RolloutActor
-    from lrl.pipeline.ray_cluster import RayRuntime
 
     runtime = RayRuntime(None, 2)
     ray = runtime.connect()
@@ -179,9 +179,9 @@ def publish_costs(repeats: int = 5) -> dict[str, dict[str, float]]:
     to load a version (fetch and copy into its model), medians of `repeats`."""
     import torch
 
-    from lrl.pipeline.board import WeightBoard
-    from lrl.pipeline.ray_board import ObjectStoreBoard, from_arrays
-    from lrl.pipeline.ray_cluster import RayRuntime
+    from lrl.pipeline.backends.ray.board import ObjectStoreBoard, from_arrays
+    from lrl.pipeline.backends.ray.cluster import RayRuntime
+    from lrl.pipeline.backends.shared_board import WeightBoard
 
     class Holder(torch.nn.Module):
         def __init__(self, state):

@@ -1,7 +1,7 @@
 """lrl: reinforcement learning of language-model agents on data from another policy.
 
 Every name loads on first use, so that ``import lrl`` imports nothing heavy (not even torch): a rollout worker
-process ties its life to the trainer's before it imports anything (``lrl.pipeline.spawn``).
+process ties its life to the trainer's before it imports anything (``lrl.pipeline.backends.spawn``).
 """
 
 from importlib import import_module

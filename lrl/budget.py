@@ -12,8 +12,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lrl.config import Config, ConfigError
+from lrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lrl.config import Config
 
 SHARE = 0.8  # of the available memory that one run may plan to use
 # Resident memory of one rollout worker process before its model: VmRSS (/proc/<pid>/status) of a python spawned

@@ -15,16 +15,17 @@ import unicodedata
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from lrl.errors import ConfigError
 from lrl.options import MAX_INT, check_field, default_of, exists, expand_path, import_plugins, option
-from lrl.registry import CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, Registry, load_builtins
+from lrl.registry import BACKENDS, CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, Registry, load_builtins
 
-REGISTRIES: dict[str, Registry] = {"sampler": SAMPLERS, "correction": CORRECTIONS, "env": ENVS}
+REGISTRIES: dict[str, Registry] = {
+    "sampler": SAMPLERS,
+    "correction": CORRECTIONS,
+    "env": ENVS,
+    "rollout_backend": BACKENDS,
+}
 ASYNC = {"pipeline": "async"}  # options of the asynchronous pipeline alone (option(..., when=ASYNC))
-RAY = {**ASYNC, "rollout_backend": "ray"}  # options of rollout workers as Ray actors alone
-
-
-class ConfigError(ValueError):
-    """A configuration key or flag with a value that is not allowed."""
 
 
 @dataclass
@@ -146,23 +147,30 @@ class Config:
     )
     rollout_backend: str = option(
         "local",
-        "where rollout workers run: local (processes on this machine) or ray (Ray actors, docs/scaling.md)",
-        choices=("local", "ray"),
+        "where rollout workers run (a registered backend): local processes, threads of this process, or Ray "
+        "actors (docs/scaling.md)",
+        choices=BACKENDS,
         when=ASYNC,
     )
-    worker_cpus: float = option(1.0, "CPUs each rollout actor declares to Ray", gt=0, le=4096, when=RAY)
-    worker_gpus: float = option(0.0, "GPUs each rollout actor declares to Ray", ge=0, le=64, when=RAY)
+    worker_cpus: float = option(
+        1.0, "CPUs each rollout actor declares to Ray", gt=0, le=4096, when=ASYNC, scope="rollout_backend"
+    )
+    worker_gpus: float = option(
+        0.0, "GPUs each rollout actor declares to Ray", ge=0, le=64, when=ASYNC, scope="rollout_backend"
+    )
     ray_address: str | None = option(
         None,
         "a running Ray cluster to attach to (HOST:PORT of its head, or auto); none: start one with the run",
-        when=RAY,
+        when=ASYNC,
+        scope="rollout_backend",
     )
     worker_restarts: int = option(
         0,
         "times a rollout actor that dies is replaced (its unfinished groups generated again); 0: the run stops",
         ge=0,
         le=1000,
-        when=RAY,
+        when=ASYNC,
+        scope="rollout_backend",
     )
     slots: int = option(
         0,
@@ -357,6 +365,8 @@ def _registry_rules(cfg: Config) -> list[str]:
         scope = f.metadata.get("scope")
         if scope is None or getattr(cfg, f.name) == defaults[f.name]:
             continue
+        if any(getattr(cfg, key) != wanted for key, wanted in f.metadata.get("when", {}).items()):
+            continue  # an option of another mode altogether: _mode_rules says so
         chosen = getattr(cfg, scope)
         registry = REGISTRIES[scope]
         if f.name not in registry.get(chosen).uses:
@@ -392,53 +402,17 @@ def _yaml(value) -> str:
 
 
 def _pipeline_rules(cfg: Config) -> list[str]:
-    """The asynchronous pipeline's workers: no more than the groups of work they share, and they fit in memory."""
+    """The asynchronous pipeline's workers: no more than the groups of work they share (each backend checks
+    its own needs, memory included: lrl.pipeline.backends)."""
     if cfg.pipeline != "async":
         return []
-    from lrl.budget import check_workers
-
-    problems = []
     groups = cfg.tasks_per_step // cfg.world_size
     if cfg.rollout_workers > groups:
-        problems.append(
+        return [
             f"rollout_workers: {cfg.rollout_workers} is more than the {groups} groups of work a step has per "
             f"process (tasks_per_step / (devices x num_nodes)), so some would never work; use at most {groups}"
-        )
-    if cfg.rollout_backend == "ray":
-        problems += _ray_rules(cfg)
-    if cfg.ray_address is not None:  # the actors run on the cluster's machines, not in this one's memory
-        return problems
-    return problems + check_workers(cfg)
-
-
-def _ray_rules(cfg: Config) -> list[str]:
-    """Ray actors: the package is installed; an address that is auto or HOST:PORT."""
-    import importlib.util
-
-    problems = []
-    if importlib.util.find_spec("ray") is None:
-        problems.append(
-            "rollout_backend: 'ray' needs the ray package, which is not installed: pip install -e \".[ray]\""
-        )
-    for name in ("worker_cpus", "worker_gpus"):  # Ray counts resources in units of 1/10,000
-        value = getattr(cfg, name)
-        if value and abs(value * 10_000 - round(value * 10_000)) > 1e-6 * max(1.0, value * 10_000):
-            problems.append(
-                f"{name}: {value!r} is not allowed; Ray counts resources in steps of 0.0001 (e.g. 0.25, 0.0001)"
-            )
-        elif value and round(value * 10_000) == 0:
-            problems.append(
-                f"{name}: {value!r} is not allowed; it must be 0.0001 or more (Ray's smallest step)"
-            )
-    address = cfg.ray_address
-    if address is not None and address != "auto":
-        host, _, port = address.rpartition(":")
-        if "://" in address or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            problems.append(
-                f"ray_address: {address!r} is not allowed; give HOST:PORT of the cluster's head (e.g. "
-                "127.0.0.2:6379) or auto"
-            )
-    return problems
+        ]
+    return []
 
 
 def _run_name_rules(cfg: Config) -> list[str]:

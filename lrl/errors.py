@@ -6,6 +6,11 @@ the experiments) both import them from here.
 from __future__ import annotations
 
 
+class ConfigError(ValueError):
+    """A configuration key or flag with a value that is not allowed, or input that cannot be used; the message
+    names the key and what is allowed (exit status 2)."""
+
+
 class WorkerError(RuntimeError):
     """A rollout worker (a process or a Ray actor) failed, died, went silent, or its cluster could not be
     reached; the message names it and says how (exit status 5)."""

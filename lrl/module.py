@@ -24,6 +24,7 @@ from lrl.metrics import step_metrics
 from lrl.policy import sequence_log_probs
 from lrl.rollout import evaluate
 from lrl.stats import policy_shift
+from lrl.streams import EVALUATION, SHUFFLE, stream_seed
 from lrl.update import (
     Minibatch,
     NumericalError,
@@ -66,7 +67,7 @@ class OffPolicyModule(L.LightningModule):
         self.spec = spec
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
-        self.shuffle = torch.Generator().manual_seed(cfg.seed + 1)
+        self.shuffle = torch.Generator().manual_seed(stream_seed(cfg.seed, SHUFFLE))
         self.history: list[dict[str, float]] = []
         self.skipped = 0  # batches without any advantage signal, skipped without an update
         self.last_step: StepRecord | None = None
@@ -262,7 +263,8 @@ class OffPolicyModule(L.LightningModule):
     def heldout_evaluation(self) -> dict:
         """Evaluate the current policy on the held-out tasks; keep and log it at the policy version it measures."""
         cfg = self.cfg
-        stats = evaluate(self.policy, self.spec, None, cfg.eval_episodes, cfg.seed + 10_000, cfg.temperature)
+        seed = stream_seed(cfg.seed, EVALUATION)
+        stats = evaluate(self.policy, self.spec, None, cfg.eval_episodes, seed, cfg.temperature)
         self.last_eval = {"step": self.version, **stats}
         self.evals.append(self.last_eval)
         keys = ("pass_rate", *self.spec.metrics, "invalid")

@@ -1,4 +1,5 @@
-"""Registries: the single source of the choices a run accepts (samplers, corrections, environments).
+"""Registries: the single source of the choices a run accepts (samplers, corrections, environments, rollout
+backends, extra callbacks).
 
 An entry is registered next to its own code with the config keys it reads (``uses``) and, optionally, a
 ``check(cfg) -> list[str]`` of problems specific to it. The config's validation, ``--help`` and the YAML
@@ -115,11 +116,13 @@ SAMPLERS = Registry("sampler")
 CORRECTIONS = Registry("correction")
 ENVS = Registry("env")
 CALLBACKS = Registry("callback")  # extra monitoring callbacks, chosen by name in the config's `callbacks`
+BACKENDS = Registry("rollout_backend")  # where the asynchronous pipeline's rollout workers run
 
 
 def load_builtins() -> None:
     """Import the packages whose built-in entries register themselves (idempotent)."""
     import callbacks  # noqa: F401
     import lrl.envs  # noqa: F401
+    import lrl.pipeline.backends  # noqa: F401
     import lrl.weights  # noqa: F401
     import samplers  # noqa: F401

@@ -18,6 +18,7 @@ decodes all the episodes that are generating in one batched forward. Two ways to
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -176,6 +177,14 @@ class Rollout:
     @property
     def in_flight(self) -> int:
         return len(self.slots)
+
+    def room(self, slots: int) -> int:
+        """How many more episodes may start now (the one admission rule of every caller): with ``slots``
+        (continuous batching) up to that many in flight; in lockstep (``slots`` 0) any number, once every
+        episode in flight is done, so a turn always advances the whole batch together."""
+        if slots:
+            return max(slots - self.in_flight, 0)
+        return sys.maxsize if self.done else 0
 
     def count(self, phase: str) -> int:
         return sum(s.phase == phase for s in self.slots.values())
@@ -434,12 +443,11 @@ def run_episodes(
     rollout = Rollout(
         decoder, spec, (), generator, sampling, version, lockstep=lockstep, tools=tools, clock=clock
     )
-    limit = len(tasks) if not slots else slots
     queued = list(enumerate(tasks))
     finished: list[Episode] = []
     while queued or not rollout.done:
-        if queued and rollout.in_flight < limit:
-            room = limit - rollout.in_flight
+        room = rollout.room(slots or 0)
+        if queued and room:
             start, queued = queued[:room], queued[room:]
             rollout.add([t for _, t in start], tags=[i for i, _ in start])
         finished += rollout.advance()

@@ -61,6 +61,19 @@ def load_model(cfg: Config, tok):
         raise ConfigError(str(err)) from None
 
 
+def make_source(cfg: Config, spec, policy):
+    """The run's rollout source: the synchronous one around the configured sampler, or the asynchronous
+    pipeline (whose workers build their own sampler)."""
+    if cfg.pipeline == "async":
+        from lrl.pipeline.source import AsyncSource
+
+        return AsyncSource(cfg, spec, policy)
+    from lrl.sources.sync import SyncSource
+    from samplers import make_sampler
+
+    return SyncSource(make_sampler(cfg, spec.tok), spec, cfg)
+
+
 def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=None, **trainer_kw) -> Run:
     """Config -> policy, environment, rollout source, module, datamodule and a Lightning Trainer.
 
@@ -78,7 +91,6 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     from lrl.preflight import check_model, check_tokenizer
     from lrl.registry import SAMPLERS
     from lrl.runs import check_paths, clean_run_temporaries, clean_stale_temporaries, open_run
-    from lrl.sources import make_source
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

@@ -85,6 +85,9 @@ class BehaviorSampler:
             self.decoder(), spec, tasks, generator, self.sampling, self.behavior_version, **engine
         )
 
+    def close(self) -> None:
+        """Let go of what the sampler holds outside this process's memory (an engine's); nothing here."""
+
     # -- checkpointing -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"versions": list(self.versions)}

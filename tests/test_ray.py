@@ -34,8 +34,8 @@ pytest.importorskip("ray", reason='the Ray backend needs the ray package: pip in
 
 from conftest import quick_cfg  # noqa: E402
 
-from lrl.pipeline.ray_cluster import RayNode  # noqa: E402
-from lrl.pipeline.ray_keeper import MARKER  # noqa: E402
+from lrl.pipeline.backends.ray.cluster import RayNode  # noqa: E402
+from lrl.pipeline.backends.ray.keeper import MARKER  # noqa: E402
 from lrl.policy import save_policy  # noqa: E402
 from lrl.run import build_run, fit  # noqa: E402
 
@@ -237,7 +237,7 @@ def test_a_killed_trainer_resumes_losslessly_and_the_cluster_ends_its_actors(clu
 
 KEEPER_PARENT = """
 import time
-from lrl.pipeline.ray_cluster import RayNode
+from lrl.pipeline.backends.ray.cluster import RayNode
 node = RayNode.start(num_cpus=1)
 print(node.keeper.pid, flush=True)
 time.sleep(600)

@@ -25,7 +25,7 @@ def test_the_pipeline_does_not_import_the_run_builder():
 
 
 def test_the_spawn_entry_imports_nothing_heavy():
-    modules = imported_by("import lrl.pipeline.spawn")
+    modules = imported_by("import lrl.pipeline.backends.spawn")
     assert not {"torch", "transformers", "lightning", "numpy"} & modules, sorted(modules)
 
 

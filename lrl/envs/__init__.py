@@ -22,7 +22,7 @@ def run_tokenizer(cfg):
     """The run's tokenizer: --tokenizer, else the one saved with --model, else None (the env's own)."""
     from pathlib import Path
 
-    from lrl.config import ConfigError
+    from lrl.errors import ConfigError
     from lrl.tokenizers import TOKENIZER_FILE, load_tokenizer
 
     source = cfg.tokenizer

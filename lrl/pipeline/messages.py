@@ -29,7 +29,7 @@ class Setup:
     cfg: dict
     rank: int
     world: int  # ranks in the run (the worker's share of a batch depends on it)
-    board: Any  # lrl.pipeline.board.WeightBoard (shared memory), or lrl.pipeline.ray_board's (object store)
+    board: Any  # lrl.pipeline.backends.shared_board.WeightBoard (shared memory), or lrl.pipeline.backends.ray.board's (object store)
     model_class: type
     model_config: Any
     restore: dict | None  # the worker's state from a checkpoint, or None for a fresh start

@@ -22,10 +22,10 @@ from lrl.pipeline.messages import BatchDone, Group, GroupDone, Work
 
 class _Schedule:
     def __init__(self, groups_per_batch: int, episodes_per_group: int, workers: int, eta: int, slots: int):
-        self.G = groups_per_batch
-        self.E = episodes_per_group
-        self.W = workers
-        self.eta = eta
+        self.groups_per_batch = groups_per_batch
+        self.episodes_per_group = episodes_per_group
+        self.workers = workers
+        self.max_staleness = eta
         self.share = -(-groups_per_batch // workers) * episodes_per_group  # episodes of a worker's unit
         self.capacity = (
             max(slots, self.share) + self.share
@@ -35,7 +35,7 @@ class _Schedule:
 
     def limit(self, version: int) -> int:
         """Batches the throttle lets start by the time the trainer is at `version`."""
-        return version + 1 + self.eta
+        return version + 1 + self.max_staleness
 
 
 class FreeSchedule(_Schedule):
@@ -49,14 +49,18 @@ class FreeSchedule(_Schedule):
     def issue(self, version: int, new_groups, send) -> None:
         """Hand out every batch allowed now: `new_groups()` draws a batch's groups, `send(w, Work)` sends."""
         while self.issued_batches < self.limit(version):
-            units = [list(range(w, self.G, self.W)) for w in range(self.W)]
-            if any(self.held[w] + len(u) * self.E > self.capacity for w, u in enumerate(units) if u):
+            units = [list(range(w, self.groups_per_batch, self.workers)) for w in range(self.workers)]
+            if any(
+                self.held[w] + len(u) * self.episodes_per_group > self.capacity
+                for w, u in enumerate(units)
+                if u
+            ):
                 return  # a worker is full: the rest waits for its results
             groups = new_groups()
             for w, unit in enumerate(units):
                 if unit:
                     send(w, Work([groups[i] for i in unit], self.issued_batches))
-                    self.held[w] += len(unit) * self.E
+                    self.held[w] += len(unit) * self.episodes_per_group
             self.issued_batches += 1
 
     def accept(self, message) -> None:
@@ -67,9 +71,9 @@ class FreeSchedule(_Schedule):
 
     def take(self) -> list[tuple[int, list]] | None:
         """The batch's groups, once enough have finished -> [(serial, episodes)], or None (not yet)."""
-        if len(self.ready) < self.G:
+        if len(self.ready) < self.groups_per_batch:
             return None
-        return [self.ready.popleft() for _ in range(self.G)]
+        return [self.ready.popleft() for _ in range(self.groups_per_batch)]
 
     @property
     def queued(self) -> int:
@@ -95,7 +99,9 @@ class DeterministicSchedule(_Schedule):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.capacity = 2 * self.G * self.E  # the batch being generated and the next one
+        self.capacity = (
+            2 * self.groups_per_batch * self.episodes_per_group
+        )  # the batch being generated and the next one
         self.batches: dict[int, dict[int, list]] = {}  # finished batch -> {serial: episodes}
         self.seconds: dict[int, float] = {}
         self.taken = 0
@@ -103,18 +109,18 @@ class DeterministicSchedule(_Schedule):
     def issue(self, version: int, new_groups, send) -> None:
         while self.issued_batches < self.limit(version):
             b = self.issued_batches
-            w = b % self.W
-            if self.held[w] + self.G * self.E > self.capacity:
+            w = b % self.workers
+            if self.held[w] + self.groups_per_batch * self.episodes_per_group > self.capacity:
                 return  # in order: a later batch never overtakes a waiting one
-            send(w, Work(new_groups(), b, max(0, b - self.eta)))
-            self.held[w] += self.G * self.E
+            send(w, Work(new_groups(), b, max(0, b - self.max_staleness)))
+            self.held[w] += self.groups_per_batch * self.episodes_per_group
             self.issued_batches += 1
 
     def accept(self, message) -> None:
         if isinstance(message, BatchDone):
             self.batches[message.batch] = message.groups
             self.seconds.update({serial: message.seconds for serial in message.groups})
-            self.held[message.worker] -= self.G * self.E
+            self.held[message.worker] -= self.groups_per_batch * self.episodes_per_group
 
     def take(self) -> list[tuple[int, list]] | None:
         if self.taken not in self.batches:

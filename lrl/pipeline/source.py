@@ -1,6 +1,6 @@
 """The asynchronous rollout source: the controller in the trainer's process, rollout workers beside it.
 
-It starts ``rollout_workers`` processes (:mod:`lrl.pipeline.local`) when the fit starts, after a checkpoint's state
+It starts ``rollout_workers`` processes (:mod:`lrl.pipeline.backends.local`) when the fit starts, after a checkpoint's state
 is loaded, hands them groups of episodes (a group: one task, ``episodes_per_task`` episodes) as its scheduling
 policy says (:mod:`lrl.pipeline.schedule`), and makes each step's batch from finished groups. Staleness is bounded
 twice, as AReaL and prime-rl do (docs/pipeline.md):
@@ -37,19 +37,19 @@ class AsyncSource:
     def __init__(self, cfg, spec, policy: torch.nn.Module):
         self.cfg = cfg
         self.spec = spec
-        self.E = cfg.episodes_per_task
-        self.eta = cfg.max_staleness
+        self.episodes_per_group = cfg.episodes_per_task
+        self.max_staleness = cfg.max_staleness
         self.rank = 0
         self.world = 1
-        self.G = cfg.tasks_per_step  # groups per batch, this rank's share
+        self.groups_per_batch = cfg.tasks_per_step  # groups per batch, this rank's share
         self.generator = torch.Generator().manual_seed(cfg.seed)  # the tasks of each batch
-        self.picker = TaskPicker(spec.train_tasks, self.G, self.generator)
+        self.picker = TaskPicker(spec.train_tasks, self.groups_per_batch, self.generator)
         self.workers = make_workers(cfg)  # processes on this machine or Ray actors (--rollout-backend)
         # a deterministic schedule may ask for a version the trainer has passed: keep the last eta + 2
-        self.board = self.workers.make_board(policy, 0, self.eta + 2 if cfg.deterministic else 1)
+        self.board = self.workers.make_board(policy, 0, self.max_staleness + 2 if cfg.deterministic else 1)
         self.model_class = type(policy)
         self.model_config = policy.config
-        self.schedule = make_schedule(cfg, self.G)
+        self.schedule = make_schedule(cfg, self.groups_per_batch)
         self.issued = 0  # groups handed out so far (serials 0 .. issued - 1)
         self.group_task: dict[int, int] = {}  # serial -> task position, for groups not consumed yet
         self.produced = 0
@@ -67,10 +67,10 @@ class AsyncSource:
         """This rank's workers, ids and share of each batch's groups, and its own task draws."""
         self.rank = rank
         self.world = world_size
-        self.G = self.cfg.tasks_per_step // world_size
-        self.picker.per_step = self.G
+        self.groups_per_batch = self.cfg.tasks_per_step // world_size
+        self.picker.per_step = self.groups_per_batch
         self.generator.manual_seed(rank_seed(self.cfg.seed, rank))
-        self.schedule = make_schedule(self.cfg, self.G)
+        self.schedule = make_schedule(self.cfg, self.groups_per_batch)
 
     def setup(self, policy, version: int) -> None:
         """Publish the starting weights (and, resuming a deterministic run, the older ones it may still need),
@@ -112,7 +112,7 @@ class AsyncSource:
         """A batch's worth of groups: the synchronous stream's draw of distinct tasks."""
         groups = []
         for position in self.picker.choose():
-            groups.append(Group(self.issued, position, self.E))
+            groups.append(Group(self.issued, position, self.episodes_per_group))
             self.group_task[self.issued] = position
             self.issued += 1
         return groups
@@ -138,7 +138,7 @@ class AsyncSource:
         """Record the wall time of each episode of a finished group (the simulator's durations come from it)."""
         for j, episode in enumerate(episodes):
             self.window.finished_seconds.append(episode.seconds)
-            self.window.finished_ids.append([serial * self.E + j, episode.seconds])
+            self.window.finished_ids.append([serial * self.episodes_per_group + j, episode.seconds])
 
     # -- taking a batch ---------------------------------------------------------------------------------
     def next_batch(self, version: int) -> Batch:
@@ -163,7 +163,9 @@ class AsyncSource:
             version + 1 >= self.cfg.max_steps
         ):  # the run's last batch: what was started but will not be trained
             info["unfinished_ids"] = [
-                f"{self.rank}:{s * self.E + j}" for s in sorted(self.group_task) for j in range(self.E)
+                f"{self.rank}:{s * self.episodes_per_group + j}"
+                for s in sorted(self.group_task)
+                for j in range(self.episodes_per_group)
             ]
         batch["pipeline"] = info.pop("metrics")
         batch["ledger"] = info
@@ -179,9 +181,9 @@ class AsyncSource:
             self.group_task.pop(serial, None)
             seconds.append(self.schedule.seconds.pop(serial, float("nan")))
             for j, episode in enumerate(episodes):
-                eid = f"{self.rank}:{serial * self.E + j}"
+                eid = f"{self.rank}:{serial * self.episodes_per_group + j}"
                 tags = [v for v, g in zip(episode.version, episode.generated) if g]
-                if self.cfg.staleness_drop and tags and version - min(tags) > self.eta:
+                if self.cfg.staleness_drop and tags and version - min(tags) > self.max_staleness:
                     dropped_ids.append(eid)
                     dropped_lengths.append(len(episode.ids))
                     continue

@@ -28,6 +28,7 @@ from lrl.batch import Batch
 from lrl.envs import EnvSpec, FailureInjection
 from lrl.envs.workers import make_tools
 from lrl.sources.base import TaskPicker, rank_seed, score_batch
+from lrl.streams import ENV_FAILURES, SAMPLING, TOOL_LATENCY, stream_seed
 
 
 class SyncSource:
@@ -37,9 +38,9 @@ class SyncSource:
         self.sampler = sampler
         self.spec = spec
         self.cfg = cfg
-        self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.env_generator = torch.Generator().manual_seed(cfg.seed + 2)
-        self.tool_generator = torch.Generator().manual_seed(cfg.seed + 3)  # tool latencies
+        self.generator = torch.Generator().manual_seed(stream_seed(cfg.seed, SAMPLING))
+        self.env_generator = torch.Generator().manual_seed(stream_seed(cfg.seed, ENV_FAILURES))
+        self.tool_generator = torch.Generator().manual_seed(stream_seed(cfg.seed, TOOL_LATENCY))
         self.picker = TaskPicker(spec.train_tasks, cfg.tasks_per_step, self.generator)
         self.produced = 0
         self._weights_state: dict | None = None
@@ -48,9 +49,9 @@ class SyncSource:
     def bind(self, rank: int, world_size: int) -> None:
         """This rank's share of the tasks and its own seed streams (rank 0 keeps the single-process ones)."""
         self.picker.per_step = self.cfg.tasks_per_step // world_size  # Config checks that it divides
-        self.generator.manual_seed(rank_seed(self.cfg.seed, rank))
-        self.env_generator.manual_seed(rank_seed(self.cfg.seed + 2, rank))
-        self.tool_generator.manual_seed(rank_seed(self.cfg.seed + 3, rank))
+        self.generator.manual_seed(rank_seed(stream_seed(self.cfg.seed, SAMPLING), rank))
+        self.env_generator.manual_seed(rank_seed(stream_seed(self.cfg.seed, ENV_FAILURES), rank))
+        self.tool_generator.manual_seed(rank_seed(stream_seed(self.cfg.seed, TOOL_LATENCY), rank))
 
     def setup(self, policy, version: int) -> None:
         self.sampler.setup(policy, version)
@@ -62,9 +63,7 @@ class SyncSource:
         self.sampler.sync(policy, version)
 
     def close(self) -> None:
-        close = getattr(self.sampler, "close", None)  # an engine (vLLM) shuts down with the run
-        if close is not None:
-            close()
+        self.sampler.close()  # an engine (vLLM) shuts down with the run
 
     # -- batches ----------------------------------------------------------------------------------------
     def failing_spec(self, made: list[FailureInjection]) -> EnvSpec:

@@ -1,77 +1,55 @@
 """Rollout workers as processes on this machine: spawned, a queue each way, watched for death and silence.
 
 Start-up: each worker process is spawned with only the trainer's pid and its two queues as arguments
-(:mod:`lrl.pipeline.spawn`), then sent its :class:`lrl.pipeline.messages.Setup`. Faults, each one line naming the
-worker (:class:`WorkerError`): a worker that reports an exception; a worker that dies (its exit status or the
-signal that killed it); a worker that sends nothing for ``timeout`` seconds once it has started (stopped,
-hung, starved), and one that has not started within :data:`STARTUP_SECONDS`. Stopping: a Stop message, the
-result queue drained while waiting, a join with a timeout, then SIGTERM and SIGKILL for whatever is left, and
-the queues' feeder threads are never joined, so closing cannot hang on work that was never taken.
+(:mod:`lrl.pipeline.backends.spawn`), then sent its :class:`lrl.pipeline.messages.Setup`. Faults, each one line
+naming the worker (:class:`~lrl.errors.WorkerError`): a worker that reports an exception; a worker that dies (its
+exit status or the signal that killed it); a worker that sends nothing for ``timeout`` seconds once it has started
+(stopped, hung, starved), and one that has not started within :data:`~lrl.pipeline.backends.base.STARTUP_SECONDS`.
+Stopping: a Stop message, the result queue drained while waiting, a join with a timeout, then SIGTERM and SIGKILL
+for whatever is left, and the queues' feeder threads are never joined, so closing cannot hang on work that was
+never taken.
 """
 
 from __future__ import annotations
 
 import os
 import queue
-import signal
 import time
-from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from lrl.errors import WorkerError
-from lrl.pipeline import spawn
+from lrl.pipeline.backends import spawn
+from lrl.pipeline.backends.base import (
+    CHECK_SECONDS,
+    CLOSE_SECONDS,
+    Liveness,
+    WorkerError,
+    exit_words,
+    failed_error,
+    process_state,
+)
 from lrl.pipeline.messages import Failed, Stop
-
-STARTUP_SECONDS = 120.0  # a worker imports torch and builds its model before its first word
-CLOSE_SECONDS = 3.0
-CHECK_SECONDS = 0.25  # how often liveness and heartbeats are looked at
-
-
-def process_state(pid: int) -> str:
-    """What the kernel says a process is doing, in words ('' when it cannot tell)."""
-    try:
-        code = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-    names = {"T": "stopped (SIGSTOP?)", "t": "stopped by a debugger", "D": "in uninterruptible I/O"}
-    names.update({"R": "running", "S": "sleeping", "Z": "a zombie"})
-    return names.get(code, code)
-
-
-def exit_words(code: int | None) -> str:
-    """A process's exit status in words: 'exited with status 1', 'killed by SIGKILL'."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 class LocalWorkers:
-    """`n` rollout worker processes on this machine; the controller's only way to reach them."""
+    """`n` rollout worker processes on this machine (a :class:`~lrl.pipeline.backends.base.Workers`)."""
 
     def __init__(self, timeout: float):
-        self.timeout = timeout
         self.procs: list = []
         self.inboxes: list = []
         self.outbox = None
-        self.heard: list[float] = []  # when each worker last said anything
-        self.started: list[bool] = []  # whether it has said anything yet
+        self.liveness = Liveness(timeout)
         self._checked = 0.0
 
     @property
     def running(self) -> bool:
         return bool(self.procs)
 
-    def make_board(self, model, version: int, slots: int):
-        """The run's weight board: shared memory the workers read (lrl.pipeline.board)."""
-        from lrl.pipeline.board import WeightBoard
+    def make_board(self, model, version: int, copies: int):
+        """The run's weight board: shared memory the workers read."""
+        from lrl.pipeline.backends.shared_board import WeightBoard
 
-        return WeightBoard(model, version, slots)
+        return WeightBoard(model, version, copies)
 
     def start(self, setups: list) -> None:
         """Spawn one worker per Setup and send it its setup."""
@@ -89,9 +67,7 @@ class LocalWorkers:
             inbox.put(setup)
             self.procs.append(proc)
             self.inboxes.append(inbox)
-        now = time.monotonic()
-        self.heard = [now] * len(setups)
-        self.started = [False] * len(setups)
+        self.liveness.reset(len(setups))
 
     def send(self, worker: int, message) -> None:
         self.inboxes[worker].put(message)
@@ -106,11 +82,10 @@ class LocalWorkers:
         except queue.Empty:
             self.check()
             return None
-        self.heard[message.worker] = time.monotonic()
-        self.started[message.worker] = True
+        self.liveness.heard_from(message.worker)
         if isinstance(message, Failed):
             self.close()
-            raise WorkerError(f"rollout worker {message.worker} failed: {message.error} (at {message.where})")
+            raise failed_error(f"rollout worker {message.worker}", message.error, message.where)
         return message
 
     def check(self) -> None:
@@ -122,21 +97,17 @@ class LocalWorkers:
                 reported = self._drain_for_failure()
                 self.close()
                 if reported is not None:
-                    raise WorkerError(
-                        f"rollout worker {reported.worker} failed: {reported.error} (at {reported.where})"
-                    )
+                    raise failed_error(f"rollout worker {reported.worker}", reported.error, reported.where)
                 raise WorkerError(
                     f"rollout worker {i} (pid {proc.pid}) died: {exit_words(proc.exitcode)}, without reporting an error"
                 )
-            limit = self.timeout if self.started[i] else max(STARTUP_SECONDS, self.timeout)
-            if now - self.heard[i] > limit:
+            if self.liveness.silent(i, now):
                 state = process_state(proc.pid)
-                self.close(hung=i)
-                what = "no heartbeat" if self.started[i] else "no word since it was started"
-                raise WorkerError(
-                    f"rollout worker {i} (pid {proc.pid}) sent {what} for {limit:g} s (--worker-timeout)"
-                    + (f"; its process is {state}" if state else "")
+                error = self.liveness.silence_error(
+                    i, f"rollout worker {i} (pid {proc.pid})", f"process is {state}" if state else ""
                 )
+                self.close(hung=i)
+                raise error
 
     def _drain_for_failure(self):
         """A Failed message a dead worker left in the queue, if any."""

@@ -1,7 +1,7 @@
 """Ray for the rollout actors: a node lrl starts on this machine and stops with the run, or a cluster it attaches
 to and leaves as it was; the driver's connection either way.
 
-A node lrl starts (:class:`RayNode`) runs under a keeper (:mod:`lrl.pipeline.ray_keeper`), in a session of its
+A node lrl starts (:class:`RayNode`) runs under a keeper (:mod:`lrl.pipeline.backends.ray.keeper`), in a session of its
 own, with everything it writes (session folder, logs, sockets, the authentication token) in a temporary folder
 of the run, removed when it stops:
 
@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from lrl.pipeline.ray_keeper import MARKER, kill_marked, marked
+from lrl.pipeline.backends.ray.keeper import MARKER, kill_marked, marked
 from lrl.reaper import OUTER_TMPDIR
 
 LOOPBACK = "127.0.0.2"  # Ray resolves 127.0.0.1 to the interface address on purpose; any other loopback stays
@@ -115,7 +115,13 @@ class RayNode:
         if resources:
             command += ["--resources", json.dumps(resources)]
         marker = uuid.uuid4().hex
-        keeper_command = [sys.executable, "-m", "lrl.pipeline.ray_keeper", "--parent", str(os.getpid())]
+        keeper_command = [
+            sys.executable,
+            "-m",
+            "lrl.pipeline.backends.ray.keeper",
+            "--parent",
+            str(os.getpid()),
+        ]
         keeper_command += ["--marker", marker, *(["--remove", str(folder)] if own else []), "--", *command]
         log = folder / f"node-{ip}.log"
         node_env = {**os.environ, **env, **(extra_env or {}), "RAY_TMPDIR": str(folder)}

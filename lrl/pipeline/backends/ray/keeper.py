@@ -1,4 +1,4 @@
-"""The keeper of one Ray node that lrl starts on this machine: ``python -m lrl.pipeline.ray_keeper``.
+"""The keeper of one Ray node that lrl starts on this machine: ``python -m lrl.pipeline.backends.ray.keeper``.
 
 A Ray node is ``ray start --block`` and the processes it starts (the GCS, the raylet, their agents, the worker
 processes of actors). Stopping them all is not Ray's strength: its agents outlive a killed driver and ignore

@@ -1,11 +1,11 @@
 """The weight board of Ray actors: each version is put into Ray's object store once, and announced.
 
-The same methods as :class:`lrl.pipeline.board.WeightBoard` (``version``, ``publish``, ``publish_state``,
+The same methods as :class:`lrl.pipeline.backends.shared_board.WeightBoard` (``version``, ``publish``, ``publish_state``,
 ``read``, ``read_newest``, ``wait_for``, ``kept``), so the worker loop runs unchanged inside an actor. The
 trainer's publish turns the state dict into numpy arrays (read back from the object store without a copy, at
 any size: docs/scaling.md has the costs), puts them once, and announces the version with its object reference
 to every actor (a small message, the reference nested so that Ray does not fetch the weights for it). Each
-actor keeps the references it was told of, the newest ``slots`` of them, and fetches one only when its schedule
+actor keeps the references it was told of, the newest ``keep`` of them, and fetches one only when its schedule
 loads that version; free-running workers only ever ask for the newest. Versions no one holds a reference to
 are freed by Ray.
 
@@ -54,9 +54,9 @@ class ObjectStoreBoard:
     ``announce(version, ref)``); in an actor the board is told of versions by :meth:`update`.
     """
 
-    def __init__(self, model: torch.nn.Module, slots: int = 1, owner=None):
+    def __init__(self, model: torch.nn.Module, keep: int = 1, owner=None):
         self.names = list(model.state_dict())
-        self.slots = slots
+        self.keep = keep
         self.owner = owner
         self.refs: dict = {}  # version -> ObjectRef of its arrays
         self.lock = threading.Lock()
@@ -64,11 +64,11 @@ class ObjectStoreBoard:
 
     def __getstate__(self) -> dict:
         with self.lock:
-            return {"names": self.names, "slots": self.slots, "refs": dict(self.refs)}
+            return {"names": self.names, "keep": self.keep, "refs": dict(self.refs)}
 
     def __setstate__(self, state: dict) -> None:
         self.names = state["names"]
-        self.slots = state["slots"]
+        self.keep = state["keep"]
         self.refs = dict(state["refs"])
         self.owner = None
         self.lock = threading.Lock()
@@ -81,10 +81,10 @@ class ObjectStoreBoard:
             return max(self.refs, default=-1)
 
     def update(self, version: int, ref) -> None:
-        """Remember `version` at `ref`, keeping the newest ``slots`` versions."""
+        """Remember `version` at `ref`, keeping the newest ``keep`` versions."""
         with self.lock:
             self.refs[version] = ref
-            for old in sorted(self.refs)[: -self.slots]:
+            for old in sorted(self.refs)[: -self.keep]:
                 del self.refs[old]
 
     # -- the trainer's side -----------------------------------------------------------------------------
@@ -134,7 +134,7 @@ class ObjectStoreBoard:
     def wait_for(self, model: torch.nn.Module, version: int, alive=lambda: True, poll: float = 0.002) -> None:
         """Block until exactly `version` is announced, and load it; `alive()` is called while waiting."""
         while not self.read(model, version):
-            if self.version > version + self.slots - 1:
+            if self.version > version + self.keep - 1:
                 raise RuntimeError(f"version {version} is gone from the board (newest {self.version})")
             if not alive():
                 raise RuntimeError("the trainer went away while a worker waited for weights")

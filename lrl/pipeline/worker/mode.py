@@ -1,0 +1,122 @@
+"""What a rollout worker's scheduling modes share: the engine and its tools, the groups it has started, the
+admission of waiting episodes into the engine, and the worker's slot accounting.
+
+A mode is one class (:class:`lrl.pipeline.worker.free.FreeRunning`,
+:class:`lrl.pipeline.worker.deterministic.Deterministic`) that decides what runs when and on which weights, and
+owns its checkpoint format: ``state()`` / ``restore(state)``, and ``held_work(state)``, the work a state holds,
+which a backend gives again to a replacement worker. Nothing outside a mode reads its state's keys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from lrl.pipeline.messages import Group, Work
+
+
+class Mode:
+    """The part of a scheduling mode that does not depend on the mode (see the module docstring)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.cfg = worker.cfg
+        from lrl.pipeline.worker.groups import Groups
+
+        self.groups = Groups(self.cfg.episodes_per_task)
+        self.rollout = None
+        self.waiting: deque[tuple[int, int, int]] = (
+            deque()
+        )  # (serial, j, task) of started groups, not in a slot
+        self._slot_seconds = 0.0  # of rollouts that have ended
+        self._capacity_seconds = 0.0
+        self._capacity_since = time.monotonic()
+
+    # -- what every mode has --------------------------------------------------------------------------
+    def begin(self) -> None:
+        """A fresh start (not a restore)."""
+
+    def accept(self, work: Work) -> None:
+        raise NotImplementedError
+
+    def idle(self) -> bool:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def done_group(self, serial: int, episodes: list, seconds: float) -> None:
+        """A group's episodes are all finished."""
+        raise NotImplementedError
+
+    def state(self) -> dict:
+        raise NotImplementedError
+
+    def restore(self, state: dict) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def held_work(state: dict, episodes_per_group: int) -> list[Work] | None:
+        """The work a saved state holds, to give again -> [Work] (None: the state does not say)."""
+        raise NotImplementedError
+
+    # -- the engine ------------------------------------------------------------------------------------
+    def new_rollout(self, generator, tools, clock=None):
+        from lrl.rollout import Rollout
+
+        worker = self.worker
+        return Rollout(
+            worker.sampler.decoder(),
+            worker.failing_spec,
+            (),
+            generator,
+            worker.sampler.sampling,
+            worker.version,
+            lockstep=not self.cfg.slots,
+            tools=tools,
+            clock=clock,
+        )
+
+    def open_groups(self, groups: list[Group]) -> None:
+        """Groups start: their episodes wait for room in the engine."""
+        for group in groups:
+            self.groups.open(group.serial, group.task)
+            self.waiting.extend((group.serial, j, group.task) for j in range(group.episodes))
+
+    def admit(self) -> int:
+        """Start as many waiting episodes as the engine has room for (lrl.rollout.Rollout.room) -> how many."""
+        n = min(self.rollout.room(self.cfg.slots), len(self.waiting))
+        starting = [self.waiting.popleft() for _ in range(n)]
+        if starting:
+            tasks = [self.worker.tasks[task] for _, _, task in starting]
+            self.rollout.add(tasks, tags=[(serial, j) for serial, j, _ in starting])
+        return n
+
+    def finished(self, episodes) -> None:
+        for episode in episodes:
+            complete = self.groups.finish(episode)
+            if complete is not None:
+                self.done_group(*complete)
+
+    # -- accounting ------------------------------------------------------------------------------------
+    def slot_seconds(self) -> float:
+        current = self.rollout.slot_seconds if self.rollout is not None else 0.0
+        return self._slot_seconds + current
+
+    def capacity_seconds(self) -> float:
+        return self._capacity_seconds + self.capacity() * (time.monotonic() - self._capacity_since)
+
+    def capacity(self) -> int:
+        """Slots: --slots, or in lockstep the size of the worker's share of a batch."""
+        share = -(-self.cfg.tasks_per_step // (self.cfg.rollout_workers * self.worker.world))
+        return self.cfg.slots or share * self.cfg.episodes_per_task
+
+    def close(self) -> None:
+        if self.rollout is not None:
+            self.rollout.tools.close()
+        self.worker.sampler.close()  # an engine (vLLM) shuts down with the worker
+
+
+def work_from_state(state: dict) -> Work:
+    """A Work record back from its plain-data form (dataclasses.asdict)."""
+    return Work([Group(**g) for g in state["groups"]], state["batch"], state["start_version"])
