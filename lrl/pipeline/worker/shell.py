@@ -30,8 +30,10 @@ class Stopping(Exception):
     """The trainer asked the worker to stop while it waited (for weights)."""
 
 
-def worker_main(trainer: int, index: int, inbox, outbox) -> None:
-    """The worker process: any exception goes to the trainer, named, and the worker exits."""
+def worker_main(trainer: int | None, index: int, inbox, outbox) -> None:
+    """A worker's life: any exception goes to the trainer, named, and the worker ends. `trainer` is the pid the
+    worker's parent process must be (it stops when that one is gone); None for a worker that runs in the
+    trainer's own process (a thread), which lives exactly as long as the trainer."""
     try:
         setup = inbox.get()
         Worker(trainer, index, setup, inbox, outbox).run()
@@ -46,12 +48,13 @@ def worker_main(trainer: int, index: int, inbox, outbox) -> None:
 class Worker:
     """The process shell: configuration, weights, messages, heartbeats; its mode decides what runs when."""
 
-    def __init__(self, trainer: int, index: int, setup: Setup, inbox, outbox):
+    def __init__(self, trainer: int | None, index: int, setup: Setup, inbox, outbox):
         from lrl.config import Config
         from lrl.envs import make_env, run_tokenizer
         from samplers import make_sampler
 
-        torch.set_num_threads(1)
+        if trainer is not None:  # a process of its own; in the trainer's process the threads are the trainer's
+            torch.set_num_threads(1)
         self.trainer = trainer
         self.index = index
         self.rank = setup.rank
@@ -183,7 +186,7 @@ class Worker:
 
     # -- health -----------------------------------------------------------------------------------------
     def parent_alive(self) -> bool:
-        return os.getppid() == self.trainer
+        return self.trainer is None or os.getppid() == self.trainer
 
     def beat(self) -> None:
         now = time.monotonic()
