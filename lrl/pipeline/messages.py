@@ -29,10 +29,14 @@ class Setup:
     cfg: dict
     rank: int
     world: int  # ranks in the run (the worker's share of a batch depends on it)
-    board: Any  # lrl.pipeline.backends.shared_board.WeightBoard (shared memory), or lrl.pipeline.backends.ray.board's (object store)
+    board: Any  # a lrl.pipeline.backends.base.Board: shared memory, or Ray's object store
     model_class: type
     model_config: Any
     restore: dict | None  # the worker's state from a checkpoint, or None for a fresh start
+    # the worker's own copy of the model, built beforehand by a backend whose workers share the trainer's process
+    # (so that its initialisation never draws from the global generator while the trainer runs); None: built
+    # by the worker
+    shadow: Any = None
 
 
 @dataclass

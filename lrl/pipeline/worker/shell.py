@@ -26,6 +26,13 @@ from lrl.streams import ENV_FAILURES, batch_seed, stream_seed
 BEAT = 0.2  # seconds between heartbeats
 
 
+def shadow_model(setup: Setup):
+    """A worker's copy of the model (its initialisation, overwritten by the board's weights, leaves the global
+    generator as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        return setup.model_class(setup.model_config).float().eval()
+
+
 class Stopping(Exception):
     """The trainer asked the worker to stop while it waited (for weights)."""
 
@@ -53,7 +60,9 @@ class Worker:
         from lrl.envs import make_env, run_tokenizer
         from samplers import make_sampler
 
-        if trainer is not None:  # a process of its own; in the trainer's process the threads are the trainer's
+        if (
+            trainer is not None
+        ):  # a process of its own; in the trainer's process the threads are the trainer's
             torch.set_num_threads(1)
         self.trainer = trainer
         self.index = index
@@ -70,8 +79,7 @@ class Worker:
         self.failing_spec = self._failing_spec()
         self.tasks = list(self.spec.train_tasks)
         self.task_ids = {t.task_id: t for t in self.tasks}
-        with torch.random.fork_rng(devices=[]):  # the copy's initialisation is overwritten by the board's
-            self.shadow = setup.model_class(setup.model_config).float().eval()
+        self.shadow = setup.shadow if setup.shadow is not None else shadow_model(setup)
         self.sampler = make_sampler(self.cfg, self.spec.tok)
         self.version = -1
         self.stats = WorkerStats()
