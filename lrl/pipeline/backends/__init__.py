@@ -89,3 +89,5 @@ def _ray(cfg):
 
 
 __all__ = ["BACKENDS", "make_workers", "register_backend"]
+
+from lrl.pipeline.backends import thread  # noqa: E402,F401  (registers the thread backend)
