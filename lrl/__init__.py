@@ -22,7 +22,7 @@ _LAZY = {
     "register_env": "lrl.envs",
     "make_policy": "lrl.policy",
     "load_policy": "lrl.policy",
-    "evaluate": "lrl.rollout",
+    "evaluate": "lrl.evaluation",
     "Config": "lrl.config",
     "parse_args": "lrl.arguments",
     "build_run": "lrl.run",

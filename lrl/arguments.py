@@ -13,10 +13,10 @@ import typing
 from dataclasses import fields
 from typing import Any
 
-from lrl.config import REGISTRIES, Config, ConfigError
+from lrl.config import Config, ConfigError
 from lrl.configfile import load_yaml
 from lrl.options import accepted_types, bounds_text, default_of, import_plugins, type_name
-from lrl.registry import Registry, load_builtins
+from lrl.registry import REGISTRIES, Registry, load_builtins
 
 
 def from_dict(data: dict[str, Any]) -> Config:

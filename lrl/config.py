@@ -9,22 +9,14 @@ holds no per-sampler or per-correction rule. ``plugins`` are imported before any
 
 from __future__ import annotations
 
-import os
 import typing
-import unicodedata
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from lrl.errors import ConfigError
-from lrl.options import MAX_INT, check_field, default_of, exists, expand_path, import_plugins, option
-from lrl.registry import BACKENDS, CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, Registry, load_builtins
+from lrl.options import MAX_INT, check_field, expand_path, import_plugins, option
+from lrl.registry import BACKENDS, CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, load_builtins
 
-REGISTRIES: dict[str, Registry] = {
-    "sampler": SAMPLERS,
-    "correction": CORRECTIONS,
-    "env": ENVS,
-    "rollout_backend": BACKENDS,
-}
 ASYNC = {"pipeline": "async"}  # options of the asynchronous pipeline alone (option(..., when=ASYNC))
 
 
@@ -340,6 +332,8 @@ class Config:
         for f in fields(self):
             problems += check_field(f.name, getattr(self, f.name), hints[f.name], f.metadata)
         if not problems:  # cross-key rules assume every field has its type
+            from lrl.config_rules import RULES  # the cross-key rules, each a function of a whole config
+
             problems += [p for rule in RULES for p in rule(self)]
         if problems:
             raise ConfigError("; ".join(problems))
@@ -354,124 +348,3 @@ class Config:
 
     def replace(self, **changes) -> Config:
         return type(self)(**{**self.to_dict(), **changes})
-
-
-# -- cross-key rules ----------------------------------------------------------------------------------
-def _registry_rules(cfg: Config) -> list[str]:
-    """An option scoped to a registry is set only for an entry that reads it; each chosen entry's own checks."""
-    problems = []
-    defaults = {f.name: default_of(f) for f in fields(Config)}
-    for f in fields(cfg):
-        scope = f.metadata.get("scope")
-        if scope is None or getattr(cfg, f.name) == defaults[f.name]:
-            continue
-        if any(getattr(cfg, key) != wanted for key, wanted in f.metadata.get("when", {}).items()):
-            continue  # an option of another mode altogether: _mode_rules says so
-        chosen = getattr(cfg, scope)
-        registry = REGISTRIES[scope]
-        if f.name not in registry.get(chosen).uses:
-            users = ", ".join(registry.users(f.name)) or "none"
-            value = getattr(cfg, f.name)
-            problems.append(f"{f.name}: {value!r} is not used by {scope} {chosen!r}; it applies to: {users}")
-    for scope, registry in REGISTRIES.items():
-        entry = registry.get(getattr(cfg, scope))
-        if entry.check is not None:
-            problems += list(entry.check(cfg))
-    return problems
-
-
-def _mode_rules(cfg: Config) -> list[str]:
-    """An option that belongs to a mode (``option(..., when=...)``) is set only in that mode."""
-    problems = []
-    for f in fields(cfg):
-        when = f.metadata.get("when")
-        value = getattr(cfg, f.name)
-        if not when or value == default_of(f):
-            continue
-        unmet = [key for key, wanted in when.items() if getattr(cfg, key) != wanted]
-        if unmet:
-            here = ", ".join(f"{key}: {_yaml(getattr(cfg, key))}" for key in unmet)
-            needed = ", ".join(f"{key}: {_yaml(wanted)}" for key, wanted in when.items())
-            problems.append(f"{f.name}: {value!r} is not used with {here}; it applies only with {needed}")
-    return problems
-
-
-def _yaml(value) -> str:
-    """A value as it is written in YAML or on the command line (true, not True)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _pipeline_rules(cfg: Config) -> list[str]:
-    """The asynchronous pipeline's workers: no more than the groups of work they share (each backend checks
-    its own needs, memory included: lrl.pipeline.backends)."""
-    if cfg.pipeline != "async":
-        return []
-    groups = cfg.tasks_per_step // cfg.world_size
-    if cfg.rollout_workers > groups:
-        return [
-            f"rollout_workers: {cfg.rollout_workers} is more than the {groups} groups of work a step has per "
-            f"process (tasks_per_step / (devices x num_nodes)), so some would never work; use at most {groups}"
-        ]
-    return []
-
-
-def _run_name_rules(cfg: Config) -> list[str]:
-    """The run's folder is <log_dir>/<run_name>: a single folder name, never a path that leaves log_dir."""
-    name = cfg.run_name
-    separators = {"/", "\0", os.sep, os.altsep} - {None}
-    if name in (".", "..") or any(s in name for s in separators):
-        return [
-            f"run_name: {name!r} is not allowed; it must be one folder name under log_dir "
-            "(no '/', not '.' or '..')"
-        ]
-    if any(unicodedata.category(c).startswith("C") for c in name):  # control, format, unassigned characters
-        return [
-            f"run_name: {name!r} is not allowed; it holds control characters (a terminal would act on them in "
-            "every message that names the run's folder)"
-        ]
-    return []
-
-
-def _shared_rules(cfg: Config) -> list[str]:
-    problems = []
-    if cfg.pipeline == "async" and cfg.lag:
-        problems.append(
-            f"lag: {cfg.lag} does not apply to --pipeline async: staleness comes from timing, bounded by max_staleness"
-        )
-    if cfg.max_step_kl is not None and not cfg.step_kl:
-        problems.append("max_step_kl: the update guard needs step_kl: true (it measures the step's KL)")
-    if cfg.low > cfg.high:
-        problems.append(f"low/high: the MIS band [{cfg.low}, {cfg.high}] is empty; need low <= high")
-    if cfg.minibatches > cfg.tasks_per_step * cfg.episodes_per_task:
-        episodes = cfg.tasks_per_step * cfg.episodes_per_task
-        problems.append(f"minibatches: {cfg.minibatches} is more than the {episodes} episodes of a step")
-    if cfg.tasks_per_step % cfg.world_size:
-        world = cfg.world_size
-        problems.append(
-            f"tasks_per_step: {cfg.tasks_per_step} does not split over {world} processes "
-            f"(devices x num_nodes); make it a multiple of {world}"
-        )
-    for name in ("model", "tokenizer"):
-        if getattr(cfg, name) is not None and not exists(getattr(cfg, name)):
-            problems.append(
-                f"{name}: {getattr(cfg, name)!r} does not exist; give a local save_pretrained directory"
-            )
-    if cfg.resume is not None and cfg.resume != "last" and not exists(cfg.resume):
-        problems.append(
-            f"resume: {cfg.resume!r} does not exist; give a run folder, a checkpoint file or 'last'"
-        )
-    return problems
-
-
-def _rollout_rules(cfg: Config) -> list[str]:
-    """The rollout engine's own options: a latency that parses, and a timeout that can be met."""
-    from lrl.envs.latency import parse_latency
-
-    try:
-        parse_latency(cfg.tool_latency)
-    except ValueError as err:
-        return [f"tool_latency: {err}"]
-    return []
-
-
-RULES = [_run_name_rules, _shared_rules, _mode_rules, _pipeline_rules, _registry_rules, _rollout_rules]

@@ -19,10 +19,10 @@ import torch
 
 from lrl.batch import Batch, to_device
 from lrl.distributed import Ranks
+from lrl.evaluation import evaluate
 from lrl.losses import clipped_policy_loss, mean_entropy
 from lrl.metrics import step_metrics
 from lrl.policy import sequence_log_probs
-from lrl.rollout import evaluate
 from lrl.stats import policy_shift
 from lrl.streams import EVALUATION, SHUFFLE, stream_seed
 from lrl.update import (

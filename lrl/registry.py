@@ -117,6 +117,13 @@ CORRECTIONS = Registry("correction")
 ENVS = Registry("env")
 CALLBACKS = Registry("callback")  # extra monitoring callbacks, chosen by name in the config's `callbacks`
 BACKENDS = Registry("rollout_backend")  # where the asynchronous pipeline's rollout workers run
+# the registries a config option can be scoped to (option(..., scope=...)), by the config key that names the entry
+REGISTRIES: dict[str, Registry] = {
+    "sampler": SAMPLERS,
+    "correction": CORRECTIONS,
+    "env": ENVS,
+    "rollout_backend": BACKENDS,
+}
 
 
 def load_builtins() -> None:

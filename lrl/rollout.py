@@ -1,4 +1,4 @@
-"""The episode loop: multi-turn rollouts of any environment with any decoder, and held-out evaluation.
+"""The episode loop: multi-turn rollouts of any environment with any decoder (held-out evaluation: lrl.evaluation).
 
 One loop serves every sampler and both pipelines: the decode path is a :class:`lrl.decoding.Decoder`
 (trainer-style full forwards, or an engine-style KV cache), the distribution a :class:`lrl.decoding.Sampling`,
@@ -26,87 +26,14 @@ from typing import Any
 
 import torch
 
-from lrl.decoding import Decoder, Sampling, TrainerStyleDecoder, TurnEngine, sample_tokens
+from lrl.decoding import Decoder, Sampling, TurnEngine, sample_tokens
 from lrl.envs.workers import InlineTools, RealClock
+from lrl.episode import Episode
 
 GENERATING = "generating"  # decoding its current action
 READY = "ready"  # about to start an action (new, or its tool answered)
 BARRIER = "barrier"  # lockstep: its action is complete; tools run once every action of the turn is
 TOOL = "tool"  # its environment is answering its last action
-
-
-@dataclass
-class Episode:
-    """One episode as a single token sequence, with per-token tags for the tokens the policy generated."""
-
-    task: Any
-    ids: list[int]
-    generated: list[bool] = field(default_factory=list)
-    logp: list[float] = field(default_factory=list)
-    version: list[int] = field(default_factory=list)
-    reward: float = 0.0
-    invalid: bool = False
-    truncated: bool = False
-    done: bool = False
-    env_failure: bool = False  # the worker failed: no score, no gradient (see lrl.batch.collate)
-    timed_out: bool = False  # the failure was a tool that did not answer within --tool-timeout
-    tool_error: str = ""  # the failure was a tool that raised: its exception
-    metrics: dict[str, float] = field(default_factory=dict)  # the env's per-episode counts
-    actions: list[list[int]] = field(default_factory=list)  # every action handed to the env, in order
-    tag: Any = None  # the caller's name for it (an episode id, a position in a batch)
-    seconds: float = 0.0  # wall time from its start to its end
-    generating_seconds: float = 0.0  # of which decoding its actions
-    tool_seconds: float = 0.0  # of which waiting for its environment
-
-    def __post_init__(self):
-        n = len(self.ids)
-        self.generated = [False] * n
-        self.logp = [0.0] * n
-        self.version = [-1] * n
-
-    def record(self, result) -> None:
-        """Take in the env's StepResult for the last action: reward, flags, counts, and the observation tokens."""
-        info = result.info
-        self.reward += result.reward
-        self.invalid |= bool(info.get("invalid", False))
-        self.truncated |= bool(info.get("truncated", False))
-        self.env_failure |= bool(info.get("env_failure", False))
-        self.timed_out |= bool(info.get("timeout", False))
-        if info.get("tool_error"):
-            self.tool_error = str(info.get("detail", "error"))
-        for name, value in info.get("metrics", {}).items():
-            self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
-        self.done = result.done
-        self.extend(result.observation, False)
-
-    def extend(self, ids: Sequence[int], generated: bool, logp=None, version: int = -1) -> None:
-        self.ids.extend(ids)
-        self.generated.extend([generated] * len(ids))
-        self.logp.extend(logp if logp is not None else [0.0] * len(ids))
-        self.version.extend([version] * len(ids))
-
-    @property
-    def action_tokens(self) -> int:
-        return sum(self.generated)
-
-    def state(self) -> dict:
-        """The episode as plain data (lists, numbers, strings): what a checkpoint keeps; the task by its id."""
-        out = {k: v for k, v in vars(self).items() if k != "task"}
-        out["metrics"] = dict(self.metrics)
-        out["task_id"] = int(self.task.task_id)
-        return out
-
-    @classmethod
-    def from_state(cls, state: dict, task) -> Episode:
-        """The episode of :meth:`state`, on its task object."""
-        fields = {k: v for k, v in state.items() if k not in ("task_id", "generated", "logp", "version")}
-        episode = cls(task, list(state["ids"]))
-        for key, value in fields.items():
-            setattr(episode, key, value)
-        episode.generated = list(state["generated"])
-        episode.logp = list(state["logp"])
-        episode.version = list(state["version"])
-        return episode
 
 
 class ContextError(ValueError):
@@ -452,53 +379,3 @@ def run_episodes(
             rollout.add([t for _, t in start], tags=[i for i, _ in start])
         finished += rollout.advance()
     return sorted(finished, key=lambda e: e.tag)
-
-
-def summarize(episodes: Sequence[Episode], metrics: Sequence[str] = ()) -> dict[str, float]:
-    """pass_rate (mean reward), invalid, length (tokens per episode), action_tokens, episodes, and the mean of
-    each of the env's metrics."""
-    n = max(len(episodes), 1)
-    out = {
-        "pass_rate": sum(e.reward for e in episodes) / n,
-        "invalid": sum(e.invalid for e in episodes) / n,
-        "length": sum(len(e.ids) for e in episodes) / n,
-        "action_tokens": sum(e.action_tokens for e in episodes) / n,
-        "episodes": len(episodes),
-    }
-    out.update({m: sum(e.metrics.get(m, 0.0) for e in episodes) / n for m in metrics})
-    return out
-
-
-@torch.no_grad()
-def evaluate(
-    model,
-    spec,
-    tasks: Sequence[Any] | None = None,
-    episodes_per_task: int = 16,
-    seed: int = 0,
-    temperature: float = 1.0,
-    per_task: bool = False,
-) -> dict:
-    """Sample `episodes_per_task` episodes per task (default: the env spec's held-out tasks) -> summarize(...);
-    with ``per_task``, also ``tasks``: {task_id: the same summary over that task's episodes}. Trainer-style
-    decoding, or the KV-cache decoder when the env spec asks for it (long episodes)."""
-    tasks = spec.heldout_tasks if tasks is None else tasks
-    was_training = model.training
-    model.eval()
-    generator = torch.Generator().manual_seed(seed)
-    batch_tasks = [t for t in tasks for _ in range(episodes_per_task)]
-    if spec.eval_decode == "kvcache":  # long episodes: one position per decode step (lrl/kvcache.py)
-        from lrl.kvcache import KVCacheDecoder
-
-        decoder = KVCacheDecoder(model, spec.tok.pad_id)
-    else:
-        decoder = TrainerStyleDecoder(model, spec.tok.pad_id)
-    episodes = run_episodes(decoder, spec, batch_tasks, generator, Sampling(temperature))
-    model.train(was_training)
-    out = summarize(episodes, spec.metrics)
-    if per_task:
-        by_task: dict[int, list[Episode]] = {}
-        for e in episodes:
-            by_task.setdefault(e.task.task_id, []).append(e)
-        out["tasks"] = {tid: summarize(eps, spec.metrics) for tid, eps in by_task.items()}
-    return out
