@@ -40,9 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from lrl.experiments.calibrate import SKIP, steps_per_s  # noqa: E402
-from lrl.experiments.designs import WORKLOAD  # noqa: E402
-from lrl.experiments.pipeline import RUN_FLAGS  # noqa: E402  the same train.py flags as the experiment
 from lrl.experiments.stats import mean_se  # noqa: E402
+from lrl.experiments.workload import RUN_FLAGS, WORKLOAD  # noqa: E402  the same train.py flags as the experiment
 
 MODES = {
     "sync": [],

@@ -12,12 +12,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lrl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from lrl.config import Config
 
 SHARE = 0.8  # of the available memory that one run may plan to use
 # Resident memory of one rollout worker process before its model: VmRSS (/proc/<pid>/status) of a python spawned
@@ -39,7 +35,7 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def model_shape(cfg: Config, vocab: int, default_context: int) -> tuple[int, int, int, int]:
+def model_shape(cfg, vocab: int, default_context: int) -> tuple[int, int, int, int]:
     """(vocabulary, hidden size, layers, context) of the run's model, from its config.json when it has one."""
     from lrl.policy import DEFAULT_SIZE
 
@@ -58,7 +54,7 @@ def model_shape(cfg: Config, vocab: int, default_context: int) -> tuple[int, int
     )
 
 
-def weight_bytes(cfg: Config) -> int:
+def weight_bytes(cfg) -> int:
     """Rough fp32 bytes of the model's weights (embeddings and ~12 hidden^2 per layer); 0 without a --model."""
     if cfg.model is None:
         return 0  # the built-in policies are well under a megabyte
@@ -66,7 +62,7 @@ def weight_bytes(cfg: Config) -> int:
     return 4 * (vocab * hidden + 12 * layers * hidden * hidden)
 
 
-def check_workers(cfg: Config) -> list[str]:
+def check_workers(cfg) -> list[str]:
     """Problems of an async run whose rollout workers (each its own process and copy of the weights) would
     not fit in this machine's memory, counted over the processes a node runs (devices)."""
     each = WORKER_BYTES + weight_bytes(cfg)
@@ -91,7 +87,7 @@ def bytes_per_token(vocab: int, hidden: int, layers: int, training: bool) -> int
     return 4 * (2 * vocab + 4 * hidden * layers)
 
 
-def check_budget(cfg: Config, spec, default_context: int) -> dict[str, int]:
+def check_budget(cfg, spec, default_context: int) -> dict[str, int]:
     """Refuse a config whose step or evaluation would not fit in memory -> the estimates, in bytes."""
     vocab, hidden, layers, context = model_shape(cfg, len(spec.tok), default_context)
     tokens = spec.max_episode_tokens or context

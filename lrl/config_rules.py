@@ -8,16 +8,12 @@ from __future__ import annotations
 import os
 import unicodedata
 from dataclasses import fields
-from typing import TYPE_CHECKING
 
 from lrl.options import default_of, exists
 from lrl.registry import REGISTRIES
 
-if TYPE_CHECKING:
-    from lrl.config import Config
 
-
-def _registry_rules(cfg: Config) -> list[str]:
+def _registry_rules(cfg) -> list[str]:
     """An option scoped to a registry is set only for an entry that reads it; each chosen entry's own checks."""
     problems = []
     defaults = {f.name: default_of(f) for f in fields(cfg)}
@@ -40,7 +36,7 @@ def _registry_rules(cfg: Config) -> list[str]:
     return problems
 
 
-def _mode_rules(cfg: Config) -> list[str]:
+def _mode_rules(cfg) -> list[str]:
     """An option that belongs to a mode (``option(..., when=...)``) is set only in that mode."""
     problems = []
     for f in fields(cfg):
@@ -61,7 +57,7 @@ def _yaml(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _pipeline_rules(cfg: Config) -> list[str]:
+def _pipeline_rules(cfg) -> list[str]:
     """The asynchronous pipeline's workers: no more than the groups of work they share (each backend checks
     its own needs, memory included: lrl.pipeline.backends)."""
     if cfg.pipeline != "async":
@@ -75,7 +71,7 @@ def _pipeline_rules(cfg: Config) -> list[str]:
     return []
 
 
-def _run_name_rules(cfg: Config) -> list[str]:
+def _run_name_rules(cfg) -> list[str]:
     """The run's folder is <log_dir>/<run_name>: a single folder name, never a path that leaves log_dir."""
     name = cfg.run_name
     separators = {"/", "\0", os.sep, os.altsep} - {None}
@@ -92,7 +88,7 @@ def _run_name_rules(cfg: Config) -> list[str]:
     return []
 
 
-def _shared_rules(cfg: Config) -> list[str]:
+def _shared_rules(cfg) -> list[str]:
     problems = []
     if cfg.pipeline == "async" and cfg.lag:
         problems.append(
@@ -123,7 +119,7 @@ def _shared_rules(cfg: Config) -> list[str]:
     return problems
 
 
-def _rollout_rules(cfg: Config) -> list[str]:
+def _rollout_rules(cfg) -> list[str]:
     """The rollout engine's own options: a latency that parses, and a timeout that can be met."""
     from lrl.envs.latency import parse_latency
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lrl.experiments.designs import GROUP, GROUPS, SLOTS, measured, token_hist, total_variation
+from lrl.experiments.designs import measured, token_hist, total_variation
+from lrl.experiments.workload import GROUP, GROUPS, SLOTS
 from lrl.sim.board import simulate_board
 
 

@@ -34,51 +34,19 @@ import sys
 import time
 from pathlib import Path
 
-from lrl.experiments.pipeline import RUN_FLAGS
 from lrl.experiments.stats import median
-
-SKIP = 2  # steps left out of a rate: the first ones include starting the workers
-SLOTS = 64
-GROUP = 8  # episodes per task
-GROUPS = 8  # tasks per step
-LATENCY = "lognormal:0.3:1.0"
-STEPS = 20
-
-DESIGNS: dict[str, dict] = {
-    "synchronous": {"flags": ["--pipeline", "sync"], "eta": 0, "interrupt": True, "sync": True},
-    "one step ahead, drain": {
-        "flags": ["--pipeline", "async", "--max-staleness", "1", "--partial-rollouts", "drain"],
-        "eta": 1,
-        "interrupt": False,
-    },
-    "async eta=1, partial": {
-        "flags": ["--pipeline", "async", "--max-staleness", "1", "--partial-rollouts", "interrupt"],
-        "eta": 1,
-        "interrupt": True,
-    },
-    "async eta=2, partial": {
-        "flags": ["--pipeline", "async", "--max-staleness", "2", "--partial-rollouts", "interrupt"],
-        "eta": 2,
-        "interrupt": True,
-    },
-    "async eta=4, drain": {
-        "flags": ["--pipeline", "async", "--max-staleness", "4", "--partial-rollouts", "drain"],
-        "eta": 4,
-        "interrupt": False,
-    },
-}
-
-WORKLOAD = [  # the slow-tool workload of every design (also bench_pipeline --slotted, lrl.experiments.scaling)
-    "--slots",
-    str(SLOTS),
-    "--tool-latency",
-    LATENCY,
-    "--tasks-per-step",
-    str(GROUPS),
-    "--episodes-per-task",
-    str(GROUP),
-]
-DESIGN_FLAGS = [*WORKLOAD, "--max-steps", str(STEPS), *RUN_FLAGS]  # then the experiments' quiet flags
+from lrl.experiments.workload import (
+    DESIGN_FLAGS,
+    DESIGNS,
+    GROUP,
+    GROUPS,
+    SKIP,
+    SLOTS,
+    STEPS,
+    durations,
+    switch_seconds,
+    trainer_seconds,
+)
 
 
 def run_flags(design: str, repeat: int, drop: bool) -> list[str]:
@@ -106,25 +74,6 @@ def run_once(design: str, repeat: int, drop: bool, out: Path, extra: list[str]) 
         tmp.rename(history)
     lines = [json.loads(x) for x in history.read_text().splitlines() if x.strip()]
     return {"design": design, "repeat": repeat, "history": lines, "wall_s": time.time() - start}
-
-
-# -- what a run measured ------------------------------------------------------------------------------------
-def durations(history: list[dict]) -> list[float]:
-    """Every finished episode's wall time, in the order the episodes started."""
-    pairs = sorted((int(i), s) for h in history for i, s in h.get("time/finished_seconds", []))
-    return [s for _, s in pairs]
-
-
-def trainer_seconds(history: list[dict], sync: bool) -> float:
-    """The trainer's seconds per step outside getting its data (from step SKIP on)."""
-    ends = [h["time/end"] for h in history]
-    wait = "time/sample" if sync else "pipeline/trainer_wait"
-    return statistics.fmean([b - a - h[wait] for a, b, h in zip(ends, ends[1:], history[1:])][SKIP:])
-
-
-def switch_seconds(history: list[dict]) -> float:
-    values = [h["time/worker_sync"] for h in history if h.get("time/worker_sync")]
-    return statistics.fmean(values) if values else 0.0
 
 
 def token_hist(history: list[dict]) -> list[float]:

@@ -77,7 +77,7 @@ def projection(runs: list[dict]) -> str:
     The batch grows with the slots (a batch a step per 64 slots, as measured); the trainer's step time is taken
     to grow in proportion to its batch, so the trainer can take at most 64 / t64 episodes a second whatever the
     size, while generation capacity grows with the slots."""
-    from lrl.experiments.designs import DESIGNS, GROUP, STEPS, durations, switch_seconds, trainer_seconds
+    from lrl.experiments.workload import DESIGNS, GROUP, STEPS, durations, switch_seconds, trainer_seconds
     from lrl.sim.board import simulate_board
 
     pool = [d for r in runs if not DESIGNS[r["design"]].get("sync") for d in durations(r["history"])]

@@ -43,21 +43,7 @@ from lrl.experiments.calibrate import (
 )
 from lrl.experiments.pipeline_report import markdown, plot
 from lrl.experiments.stats import mean, mean_se, median
-
-RUN_FLAGS = [
-    "--eval-every",
-    "100000",
-    "--eval-at-start",
-    "false",
-    "--eval-episodes",
-    "1",
-    "--checkpoint-every",
-    "0",
-    "--progress",
-    "false",
-    "--threads",
-    "1",
-]
+from lrl.experiments.workload import RUN_FLAGS
 
 
 def name_of(kind: str, eta: int, repeat: int) -> str:

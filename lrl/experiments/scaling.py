@@ -23,17 +23,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lrl.experiments.designs import WORKLOAD, durations, switch_seconds, trainer_seconds
-from lrl.experiments.pipeline import RUN_FLAGS
+from lrl.experiments.workload import (
+    BATCH,
+    BOUNDS,
+    GROUP,
+    LAYOUTS,
+    MEASURE,
+    RUN_FLAGS,
+    durations,
+    switch_seconds,
+    trainer_seconds,
+)
 
-GROUP = 8  # episodes a group (task)
-BATCH = 64  # episodes a step in the measuring runs
-MEASURE = ["--pipeline", "async", *WORKLOAD, "--max-steps", "10"]  # 8 x 8 a step, as the defaults are
-LAYOUTS = {
-    64: [(64, 1), (16, 4), (4, 16)],
-    1024: [(1024, 1), (64, 16), (16, 64)],
-}  # slots -> (per worker, workers)
-BOUNDS = [0, 1, 2, 4, 16]
 STEPS = 40
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from lrl.experiments.scaling import BATCH, BOUNDS, LAYOUTS
+from lrl.experiments.workload import BATCH, BOUNDS, LAYOUTS
 
 
 def markdown(inputs: dict, rows: dict) -> str:

@@ -46,7 +46,7 @@ class ThreadWorkers:
         return WeightBoard(model, version, copies)
 
     def start(self, setups: list) -> None:
-        from lrl.pipeline.worker.shell import shadow_model, worker_main
+        from lrl.pipeline.worker import shadow_model, worker_main
 
         self.outbox = queue.Queue()
         for i, setup in enumerate(setups):

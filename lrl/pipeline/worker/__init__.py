@@ -11,6 +11,7 @@ from importlib import import_module
 _LAZY = {
     "worker_main": "lrl.pipeline.worker.shell",
     "Worker": "lrl.pipeline.worker.shell",
+    "shadow_model": "lrl.pipeline.worker.shell",
     "held_work": "lrl.pipeline.worker.modes",
     "mode_class": "lrl.pipeline.worker.modes",
 }
