@@ -13,6 +13,23 @@ import torch
 from typing_extensions import NotRequired
 
 
+# What an asynchronous step reports of its episodes (lrl.pipeline.source), and a synchronous one with slots; keys
+# with a "/" are logged as they are. Every list holds plain data, so the history file can keep it.
+Ledger = TypedDict(
+    "Ledger",
+    {
+        "trained_ids": list[str],  # "<rank>:<serial>" of every trained episode
+        "dropped_ids": list[str],  # episodes past the staleness bound, not trained
+        "unfinished_ids": list[str],  # the last step only: started and never finished
+        "staleness_counts": list[int],  # trained tokens per staleness 0, 1, 2, ...
+        "time/group_seconds": list[float],  # per trained group: its generation time
+        "time/episode_seconds": list[float],  # per trained episode: its wall time
+        "time/finished_seconds": list[list[float]],  # [serial, seconds] of every episode ended since the last step
+    },
+    total=False,
+)
+
+
 class Batch(TypedDict):
     """One step's episodes as tensors. Fields marked optional are added by the stream after collate."""
 
@@ -34,11 +51,13 @@ class Batch(TypedDict):
     env_metrics: dict[str, torch.Tensor]  # name -> [B], the environment's per-episode counts (e.g. reads)
     advantage: NotRequired[torch.Tensor]  # [B] group-normalised, 0 for failures and groups without variance
     env_turns: NotRequired[torch.Tensor]  # [B] turns each episode's worker handled
+    env_timeout: NotRequired[torch.Tensor]  # [B] float, 1 if its failure was a tool past --tool-timeout
+    env_error: NotRequired[torch.Tensor]  # [B] float, 1 if its failure was a tool that raised
     index: NotRequired[torch.Tensor]  # [] the batch's position in the stream
     sample_time: NotRequired[torch.Tensor]  # [] seconds spent sampling it
     sampled_length: NotRequired[torch.Tensor]  # [M] lengths of every episode launched for it, if more than B
     pipeline: NotRequired[dict[str, float]]  # async: the step's pipeline/* metrics
-    ledger: NotRequired[dict[str, list[str]]]  # async: trained_ids and dropped_ids, "<rank>:<serial>"
+    ledger: NotRequired[Ledger]  # which episodes were trained, dropped or left unfinished, and their timings
 
 
 def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
