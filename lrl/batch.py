@@ -12,7 +12,6 @@ from typing import TypedDict
 import torch
 from typing_extensions import NotRequired
 
-
 # What an asynchronous step reports of its episodes (lrl.pipeline.source), and a synchronous one with slots; keys
 # with a "/" are logged as they are. Every list holds plain data, so the history file can keep it.
 Ledger = TypedDict(
@@ -24,7 +23,9 @@ Ledger = TypedDict(
         "staleness_counts": list[int],  # trained tokens per staleness 0, 1, 2, ...
         "time/group_seconds": list[float],  # per trained group: its generation time
         "time/episode_seconds": list[float],  # per trained episode: its wall time
-        "time/finished_seconds": list[list[float]],  # [serial, seconds] of every episode ended since the last step
+        "time/finished_seconds": list[
+            list[float]
+        ],  # [serial, seconds] of every episode ended since the last step
     },
     total=False,
 )
