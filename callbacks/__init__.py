@@ -13,16 +13,36 @@ makes the set a Config switches on; docs/monitoring.md lists every key.
 
 from __future__ import annotations
 
-from callbacks.health import HealthCheck, HealthCheckError
-from callbacks.jumps import JumpMonitor
-from callbacks.mismatch import MismatchMonitor
-from callbacks.staleness import StalenessMonitor
-from callbacks.timing import TimingMonitor
+from importlib import import_module
+
 from lrl.registry import CALLBACKS
+
+# the callbacks load on first use: importing this package (as the config's validation does, to know the registered
+# names) imports nothing of Lightning
+_LAZY = {
+    "HealthCheck": "callbacks.health",
+    "HealthCheckError": "callbacks.health",
+    "JumpMonitor": "callbacks.jumps",
+    "MismatchMonitor": "callbacks.mismatch",
+    "StalenessMonitor": "callbacks.staleness",
+    "TimingMonitor": "callbacks.timing",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
 
 
 def build_callbacks(cfg) -> list:
     """The monitoring callbacks a Config switches on, in hook order (TimingMonitor last, to time the others)."""
+    from callbacks.health import HealthCheck
+    from callbacks.jumps import JumpMonitor
+    from callbacks.mismatch import MismatchMonitor
+    from callbacks.staleness import StalenessMonitor
+    from callbacks.timing import TimingMonitor
+
     out: list = []
     if cfg.health_check:
         out.append(HealthCheck(cfg.health_threshold, cfg.health_threshold_p99, cfg.health_strict))

@@ -1,6 +1,7 @@
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 
@@ -9,6 +10,9 @@ import torch
 from hypothesis import settings
 
 from lrl.envs.tinyagent import build_tokenizer, make_tasks
+
+# the tests are laid out by layer (core, envs, engines, pipeline, sim, runs, tools); what they share lives here
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # every temporary file of the test run (pytest's own, multiprocessing's, the engine's and Ray's, those of the runs
 # the tests start) goes into one folder of the session, removed at its end: the run leaves /tmp as it found it.

@@ -1,4 +1,4 @@
-"""A tiny DDP training run for tests/test_ddp.py: python tests/ddp_worker.py OUT MODEL STEPS DEVICES.
+"""A tiny DDP training run for tests/runs/test_ddp.py: python tests/ddp_worker.py OUT MODEL STEPS DEVICES.
 
 Lightning's DDP launcher starts the other ranks by running this same command line again. Every rank writes,
 after each step, ``OUT/rank{r}-step{k}.pt`` (its local batch, its flattened weights and its history record),

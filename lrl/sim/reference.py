@@ -2,7 +2,7 @@
 
 Every event costs O(n_slots): the fill scans the slots, the next event time is a minimum over all of them, and
 a sync pushes every in-flight end back one by one. :func:`lrl.sim.simulate_pipeline` must agree with it to the
-last bit (tests/test_simulate.py); ``bench/bench_simulate.py`` times the two on the same run.
+last bit (tests/sim/test_simulate.py); ``bench/bench_simulate.py`` times the two on the same run.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from lrl.checkpoint import read_history
 from lrl.policy import save_policy
 from lrl.run import build_run, fit
 
-ROOT = Path(__file__).resolve().parents[1]
-PLUGIN = Path(__file__).resolve().parent / "plugins"
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = Path(__file__).resolve().parents[1] / "plugins"
 
 
 def async_cfg(**kw):

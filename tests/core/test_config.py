@@ -10,7 +10,7 @@ import pytest
 from lrl.arguments import from_dict, parse_args
 from lrl.config import Config, ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from lrl.arguments import parse_args
 from lrl.config import Config, ConfigError
 from lrl.run import build_run, fit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 

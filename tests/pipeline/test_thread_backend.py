@@ -1,7 +1,7 @@
 """Rollout workers as threads of the trainer's process (``--rollout-backend thread``) give the guarantees the other
 backends give: no trained token staler than the bound, a SIGKILL and ``--resume last`` that lose and repeat
 nothing, and a deterministic run equal, curve and trained ids, to the same run on local processes (the Ray
-backend's equality with local processes, on these same settings, is tests/test_ray.py's)."""
+backend's equality with local processes, on these same settings, is tests/pipeline/test_ray.py's)."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_sigkill_then_resume_on_threads_is_lossless_and_equals_the_uninterrupted
 def test_a_worker_thread_that_raises_is_one_line_naming_it(monkeypatch):
     from lrl.errors import WorkerError
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "plugins"))
     monkeypatch.setenv("LRL_CRASH_AFTER", "12")  # resets counted in the process: the workers reach it first
     cfg = quick_cfg(
         pipeline="async",

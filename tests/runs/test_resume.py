@@ -15,7 +15,7 @@ import torch
 from lrl.checkpoint import AtomicCheckpointIO, read_history
 from lrl.policy import save_policy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
 
 

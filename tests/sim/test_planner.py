@@ -188,7 +188,7 @@ def test_the_command_exits_2_without_a_traceback(tmp_path):
 
 def test_the_documented_examples_are_five_lines_and_agree(tmp_path):
     """docs/simulate.md shows one trace as CSV and as JSONL; both read to the same plan."""
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "simulate.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulate.md").read_text()
     blocks = {kind: re.search(rf"```{kind}\n(.*?)```", doc, re.S).group(1) for kind in ("csv", "json")}
     assert [len(b.splitlines()) for b in blocks.values()] == [5, 5]
     (tmp_path / "trace.csv").write_text(blocks["csv"])

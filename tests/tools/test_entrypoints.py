@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("entrypoints")  # the module-scoped runs of every entry point, once
 MAIN_BLOCK = re.compile(r"""^if __name__ == ["']__main__["']:""", re.M)
 

@@ -29,7 +29,7 @@ from lrl.decoding import Sampling
 from lrl.run import build_run
 from samplers import OnPolicySampler
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BINS = ("p000_010", "p010_050", "p050_090", "p090_100")
 MISMATCH_TAGS = [
     f"mismatch/{k}"

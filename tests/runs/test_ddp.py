@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from lrl.policy import save_policy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
 
 
@@ -70,7 +70,7 @@ def test_ddp_two_ranks_match_each_other_and_one_process(tmp_path, tok, format_po
     out = tmp_path / "ddp"
     out.mkdir()
     proc = subprocess.run(
-        [sys.executable, "tests/ddp_worker.py", str(out), str(tmp_path / "policy"), str(STEPS), "2"],
+        [sys.executable, str(ROOT / "tests" / "ddp_worker.py"), str(out), str(tmp_path / "policy"), str(STEPS), "2"],
         cwd=ROOT,
         capture_output=True,
         text=True,

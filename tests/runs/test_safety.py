@@ -24,7 +24,7 @@ from lrl.policy import save_policy
 from lrl.run import build_run, fit
 from lrl.runs import check_output, clean_stale_temporaries
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = [
     "--max-steps",
     "2",
@@ -113,7 +113,7 @@ def test_history_file_keeps_its_content(tmp_path, model_dir):
     assert link.is_symlink() and [h["step"] for h in read_history(link)] == [0, 1]
     notes = (
         tmp_path / "notes.txt"
-    )  # a file that is not a history is left alone (tests/test_hostile_inputs.py)
+    )  # a file that is not a history is left alone (tests/runs/test_hostile_inputs.py)
     notes.write_text("keep\n")
     out = train(
         *FAST, "--model", str(model_dir), "--log-dir", str(tmp_path / "runs"), "--history-file", str(notes)
