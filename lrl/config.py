@@ -83,7 +83,7 @@ class Config:
         "auto", "Lightning strategy; auto is ddp when the world size is above 1", choices=("auto", "ddp")
     )
     # batch
-    tasks_per_step: int = option(8, "distinct train tasks per step", gt=0, le=MAX_INT)
+    tasks_per_step: int = option(16, "distinct train tasks per step", gt=0, le=MAX_INT)
     episodes_per_task: int = option(
         8, "episodes per task per step (the group for advantage normalisation)", gt=0, le=MAX_INT
     )

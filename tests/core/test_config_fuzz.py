@@ -126,7 +126,7 @@ def test_random_yaml_files_give_a_config_or_a_config_error(tmp_path_factory, tex
         ("num_nodes", 0, "num_nodes"),
         ("strategy", "fsdp", "strategy: 'fsdp' is not allowed; choose one of auto, ddp"),
         ("accelerator", "tpu", "accelerator: 'tpu' is not allowed"),
-        ("devices", 3, "tasks_per_step: 8 does not split over 3 processes"),
+        ("devices", 3, "tasks_per_step: 16 does not split over 3 processes"),
         ("seed", -1, r"seed: -1 is not allowed; it must be in \[0, 2147483647\]"),
         ("threads", 10**6, "threads"),
         ("temperature", 1e-9, "temperature"),
