@@ -170,17 +170,19 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    for r in sorted(results, key=lambda r: r["seed"]):
+    fig, ax = plt.subplots(figsize=(7.6, 4))
+    palette = plt.get_cmap("tab20").colors  # twenty distinct colours: a seed can be told from its line
+    for i, r in enumerate(sorted(results, key=lambda r: r["seed"])):
         steps, values = zip(*r["heldout"])
-        ax.plot(steps, values, marker="o", ms=3, lw=1, alpha=0.7, label=f"seed {r['seed']}")
+        colour, style = palette[i % len(palette)], ("-", "--", ":")[i // len(palette) % 3]
+        ax.plot(steps, values, style, color=colour, marker="o", ms=3, lw=1, alpha=0.8, label=f"seed {r['seed']}")
     steps = [s for s, _ in results[0]["heldout"]]
     if all([s for s, _ in r["heldout"]] == steps for r in results):
         mean = [sum(r["heldout"][i][1] for r in results) / len(results) for i in range(len(steps))]
         ax.plot(steps, mean, color="black", lw=2.5, label="mean")
     ax.set(xlabel="training step (policy version)", ylabel="held-out pass rate", ylim=(0, 1.02), title=title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
