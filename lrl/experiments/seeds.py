@@ -175,7 +175,9 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     for i, r in enumerate(sorted(results, key=lambda r: r["seed"])):
         steps, values = zip(*r["heldout"])
         colour, style = palette[i % len(palette)], ("-", "--", ":")[i // len(palette) % 3]
-        ax.plot(steps, values, style, color=colour, marker="o", ms=3, lw=1, alpha=0.8, label=f"seed {r['seed']}")
+        ax.plot(
+            steps, values, style, color=colour, marker="o", ms=3, lw=1, alpha=0.8, label=f"seed {r['seed']}"
+        )
     steps = [s for s, _ in results[0]["heldout"]]
     if all([s for s, _ in r["heldout"]] == steps for r in results):
         mean = [sum(r["heldout"][i][1] for r in results) / len(results) for i in range(len(steps))]
