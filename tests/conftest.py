@@ -22,6 +22,9 @@ if not os.environ.get(SESSION_TMP):
     os.environ[SESSION_TMP] = tempfile.mkdtemp(prefix="lrl-tests-")
     os.environ["TMPDIR"] = os.environ[SESSION_TMP]
     tempfile.tempdir = None  # tempfile computes its default again, from TMPDIR
+    # torch's compile cache (vLLM compiles its sampler's log-prob gather) in the session folder too, by name, so that
+    # a run given a TMPDIR of its own (the kill tests watch theirs) still finds what the first compile stored
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.environ[SESSION_TMP], "torchinductor")
 
 
 def pytest_unconfigure(config):

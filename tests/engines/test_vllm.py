@@ -112,27 +112,37 @@ def test_sigkill_and_resume_give_the_uninterrupted_curves(tmp_path, tok, format_
         "false",
     ]
     base += ["--lag", "1", "--checkpoint-every", "1"]
-    whole = subprocess.run(
+    # the uninterrupted run to compare with, at the same time as the one that is killed
+    whole = subprocess.Popen(
         [*base, "--log-dir", str(tmp_path / "a"), "--history-file", str(tmp_path / "a.jsonl")],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
-    assert whole.returncode == 0, whole.stderr[-2000:]
-    history = tmp_path / "b.jsonl"
-    args = [*base, "--log-dir", str(tmp_path / "b"), "--history-file", str(history)]
-    scratch = tmp_path / "tmp"  # the killed run's temporary folder, watched below
-    scratch.mkdir()
-    env = {**os.environ, "TMPDIR": str(scratch)}
-    killed = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    wait_until(lambda: len(history_lines(history)) >= 3 or killed.poll() is not None, 300, "three steps")
-    assert list(scratch.iterdir()), "the run wrote nothing under its TMPDIR"
-    killed.send_signal(signal.SIGKILL)
-    assert killed.wait() == -signal.SIGKILL
-    wait_until(lambda: not list(scratch.iterdir()), 10, "the killed run's temporary files to be removed")
-    done = subprocess.run([*args, "--resume", "last"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    try:
+        history = tmp_path / "b.jsonl"
+        args = [*base, "--log-dir", str(tmp_path / "b"), "--history-file", str(history)]
+        scratch = tmp_path / "tmp"  # the killed run's temporary folder, watched below
+        scratch.mkdir()
+        env = {**os.environ, "TMPDIR": str(scratch)}
+        killed = subprocess.Popen(
+            args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
+        wait_until(lambda: len(history_lines(history)) >= 3 or killed.poll() is not None, 300, "three steps")
+        assert list(scratch.iterdir()), "the run wrote nothing under its TMPDIR"
+        killed.send_signal(signal.SIGKILL)
+        assert killed.wait() == -signal.SIGKILL
+        wait_until(lambda: not list(scratch.iterdir()), 10, "the killed run's temporary files to be removed")
+        done = subprocess.run(
+            [*args, "--resume", "last"], cwd=ROOT, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    finally:  # never left running behind a failed assertion
+        if whole.poll() is None and sys.exc_info()[0] is not None:
+            whole.kill()
+    _, whole_err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, whole_err[-2000:]
 
     def curves(lines):
         steps = {h["step"]: h for h in lines}

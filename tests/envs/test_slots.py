@@ -200,6 +200,9 @@ def without_timing(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if not k.startswith(timing)} for h in history]
 
 
+# 18 s; by default the deterministic equality with slots and tool waits is checked by the kill test of
+# tests/pipeline/test_async_reliability.py (a killed and resumed run equal to an uninterrupted one)
+@pytest.mark.slow
 def test_deterministic_async_with_slots_and_tool_latency_repeats_exactly(format_policy, tmp_path):
     cfg = quick_cfg(
         pipeline="async",

@@ -259,6 +259,7 @@ def test_a_worker_killed_with_sigkill_is_one_line_naming_it_and_its_exit(tmp_pat
 
 
 # -- 4. a bound far above the run's length ---------------------------------------------------------------
+@pytest.mark.slow  # 16 s: a regression guard for one defect (a bound far above the run's length once hung)
 def test_a_huge_staleness_bound_finishes_promptly(tmp_path, model_dir):
     start = time.time()
     shape = ["--tasks-per-step", "8", "--episodes-per-task", "8"]  # about 8,000 groups allowed at once
