@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -296,12 +297,29 @@ def test_a_killed_actor_ends_the_run_with_one_line_naming_it_and_its_node(cluste
     wait_until(lambda: not cluster.actors(), 15, "the run's actors to end")
 
 
+def cpus_in_use(cluster) -> float:
+    """The cluster's CPUs held by actors, as `ray status` reports them."""
+    out = subprocess.run(
+        ["ray", "status", "--address", cluster.address], capture_output=True, text=True, timeout=60
+    ).stdout
+    found = re.search(r"([0-9.]+)/([0-9.]+) CPU", out)
+    return float(found.group(1)) if found else float("inf")
+
+
 def test_a_lost_node_is_survived_with_restarts_and_the_result_does_not_change(
     cluster, model_dir, tmp_path, local_deterministic
 ):
+    # the actors of the run before must have given their CPUs back, or SPREAD can only place both actors on the
+    # head and the lost node holds nothing of the run (seen once in CI: the run ended 0 without a restart)
+    wait_until(lambda: cpus_in_use(cluster) == 0, 30, "the cluster's CPUs to be free", poll=0.5)
     history = tmp_path / "h.jsonl"
     extra = ["--rollout-backend", "ray", "--ray-address", cluster.address, "--worker-restarts", "1"]
-    after_first_step(history, cluster.second.kill)  # the second node goes down at once, its actor with it
+
+    def lose_the_second_node():
+        assert cluster.actors(cluster.second), "no actor of the run on the second node"
+        cluster.second.kill()  # the second node goes down at once, its actor with it
+
+    after_first_step(history, lose_the_second_node)
     done = train(*args(model_dir, tmp_path, *DETERMINISTIC, *extra, "--history-file", str(history)))
     one_clear_line(done, 0, "rollout worker", "127.0.0.3", "restarting it")
     lines = history_lines(history)
