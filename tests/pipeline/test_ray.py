@@ -309,8 +309,8 @@ def cpus_in_use(cluster) -> float:
 def test_a_lost_node_is_survived_with_restarts_and_the_result_does_not_change(
     cluster, model_dir, tmp_path, local_deterministic
 ):
-    # the actors of the run before must have given their CPUs back, or SPREAD can only place both actors on the
-    # head and the lost node holds nothing of the run (seen once in CI: the run ended 0 without a restart)
+    # the actors of the run before must have given their CPUs back, or SPREAD may place both actors on the head
+    # and the lost node hold nothing of the run
     wait_until(lambda: cpus_in_use(cluster) == 0, 30, "the cluster's CPUs to be free", poll=0.5)
     history = tmp_path / "h.jsonl"
     extra = ["--rollout-backend", "ray", "--ray-address", cluster.address, "--worker-restarts", "1"]
