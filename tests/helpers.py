@@ -57,21 +57,29 @@ class Done:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def train(*args) -> Done:
-    """train.py's main in this process (the imports are paid once): its exit status and what it printed."""
-    sys.path.insert(0, str(ROOT))
-    import train as script
-
+def in_process(main, args) -> Done:
+    """A command line's `main(args)` in this process (the imports are paid once): its exit status (a SystemExit's
+    code included, as argparse raises) and what it printed."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = script.main(list(args))
+            code = main(list(args))
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
         except Exception:  # a traceback: the test that called this fails on it
             import traceback
 
             traceback.print_exc(file=err)
             code = 1
     return Done(code, out.getvalue(), err.getvalue())
+
+
+def train(*args) -> Done:
+    """train.py's main in this process: its exit status and what it printed."""
+    sys.path.insert(0, str(ROOT))
+    import train as script
+
+    return in_process(script.main, args)
 
 
 def train_process(*args, timeout=300, env=None) -> subprocess.CompletedProcess:

@@ -6,8 +6,6 @@ Each test here was written against a defect seen on a clean clone, and seen fail
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -15,12 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import FAST, ROOT, Done, one_clear_line, train, wait_until
+from helpers import FAST, ROOT, Done, in_process, one_clear_line, train, wait_until
 
 from lrl.policy import save_policy
 
@@ -331,19 +328,10 @@ def test_the_mismatch_tool_refuses_impossible_settings_in_one_line(args):
 
 def sim(*args) -> Done:
     """``python -m lrl.sim ARGS``'s main in this process (its ``__main__`` is ``sys.exit(main())``; the entry
-    point as a process is tested in tests/sim and tests/tools): its exit status and what it printed."""
+    point as a process is tested in tests/sim and tests/tools)."""
     from lrl.sim.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-        except Exception:  # a traceback: the test that called this fails on it
-            traceback.print_exc(file=err)
-            code = 1
-    return Done(code, out.getvalue(), err.getvalue())
+    return in_process(main, args)
 
 
 def one_sim_line(out, *needles):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import quick_cfg
+from helpers import FAST, Done, train, train_process
 
 from lrl.checkpoint import read_history
 from lrl.config import ConfigError
@@ -25,64 +26,6 @@ from lrl.run import build_run, fit
 from lrl.runs import check_output, clean_stale_temporaries
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = [
-    "--max-steps",
-    "2",
-    "--tasks-per-step",
-    "2",
-    "--episodes-per-task",
-    "4",
-    "--minibatches",
-    "1",
-    "--eval-every",
-    "1000",
-    "--eval-episodes",
-    "1",
-    "--progress",
-    "false",
-    "--threads",
-    "1",
-]
-
-
-class Done:
-    """What a train.py run returned: exit status, stdout, stderr."""
-
-    def __init__(self, returncode: int, stdout: str, stderr: str):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
-def train(*args) -> Done:
-    """train.py's main in this process (the imports are paid once): its exit status and what it printed."""
-    import contextlib
-    import io
-
-    sys.path.insert(0, str(ROOT))
-    import train as script
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = script.main(list(args))
-        except Exception:  # a traceback: the test that called this fails on it
-            import traceback
-
-            traceback.print_exc(file=err)
-            code = 1
-    return Done(code, out.getvalue(), err.getvalue())
-
-
-def train_process(*args, timeout=300) -> subprocess.CompletedProcess:
-    """train.py as its own process (for signals, kills and concurrency)."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def one_clear_line(out, code: int, *needles: str) -> None:
     assert out.returncode == code, (out.returncode, out.stderr[-2000:])
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
