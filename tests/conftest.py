@@ -95,6 +95,16 @@ def quick_cfg(**kw):
     return Config(**base)
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tok, format_policy):
+    """The format policy saved as a checkpoint folder, for runs started with --model (one per test module)."""
+    from lrl.policy import save_policy
+
+    path = tmp_path_factory.mktemp("model") / "policy"
+    save_policy(format_policy, tok, path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def format_policy(tok):
     """A policy warm-started for a few seconds: valid actions, reads sometimes, guesses: mixed rewards."""

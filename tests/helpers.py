@@ -57,6 +57,31 @@ class Done:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
+def two_worker_args(model_dir: Path, logs: Path, *extra: str) -> list[str]:
+    """train.py flags of a short async run with two rollout workers on `model_dir`, logging under `logs`."""
+    shape = [
+        "--tasks-per-step",
+        "4",
+        "--episodes-per-task",
+        "4",
+        "--minibatches",
+        "1",
+        "--rollout-workers",
+        "2",
+    ]
+    quiet = [
+        "--eval-every",
+        "1000",
+        "--eval-episodes",
+        "1",
+        "--eval-at-start",
+        "false",
+        "--progress",
+        "false",
+    ]
+    return ["--pipeline", "async", "--model", str(model_dir), *shape, *quiet, "--log-dir", str(logs), *extra]
+
+
 def in_process(main, args) -> Done:
     """A command line's `main(args)` in this process (the imports are paid once): its exit status (a SystemExit's
     code included, as argparse raises) and what it printed."""

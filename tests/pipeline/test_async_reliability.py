@@ -27,18 +27,9 @@ from helpers import (
     wait_until,
 )
 
-from lrl.policy import save_policy
-
 TIMING = ("time/", "pipeline/trainer_wait", "pipeline/worker_idle", "pipeline/episodes_per_s")
 TIMING += ("pipeline/queue_depth", "pipeline/slot_util", "pipeline/generating", "pipeline/tool_wait")
 TIMING += ("pipeline/episode_seconds", "pipeline/launched_seconds")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tok, format_policy):
-    path = tmp_path_factory.mktemp("model") / "policy"
-    save_policy(format_policy, tok, path)
-    return path
 
 
 def async_args(model_dir: Path, logs: Path, *extra: str) -> list[str]:

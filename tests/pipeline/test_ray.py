@@ -30,6 +30,7 @@ from helpers import (
     train,
     wait_until,
 )
+from helpers import two_worker_args as args
 
 pytest.importorskip("ray", reason='the Ray backend needs the ray package: pip install -e ".[ray]"')
 
@@ -37,7 +38,6 @@ from conftest import quick_cfg  # noqa: E402
 
 from lrl.pipeline.backends.ray.cluster import RayNode  # noqa: E402
 from lrl.pipeline.backends.ray.keeper import MARKER  # noqa: E402
-from lrl.policy import save_policy  # noqa: E402
 from lrl.run import build_run, fit  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # the module's cluster on one worker
@@ -107,37 +107,6 @@ def cluster(module_mark):
         os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     second.stop()
     assert not head.stop()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tok, format_policy):
-    path = tmp_path_factory.mktemp("model") / "policy"
-    save_policy(format_policy, tok, path)
-    return path
-
-
-def args(model_dir: Path, logs: Path, *extra: str) -> list[str]:
-    shape = [
-        "--tasks-per-step",
-        "4",
-        "--episodes-per-task",
-        "4",
-        "--minibatches",
-        "1",
-        "--rollout-workers",
-        "2",
-    ]
-    quiet = [
-        "--eval-every",
-        "1000",
-        "--eval-episodes",
-        "1",
-        "--eval-at-start",
-        "false",
-        "--progress",
-        "false",
-    ]
-    return ["--pipeline", "async", "--model", str(model_dir), *shape, *quiet, "--log-dir", str(logs), *extra]
 
 
 def popen(arguments: list[str], env=None, **kw) -> subprocess.Popen:

@@ -15,42 +15,11 @@ from pathlib import Path
 import pytest
 from conftest import quick_cfg
 from helpers import ROOT, Tokens, history_lines, ledger_is_lossless, merged, one_clear_line, train, wait_until
+from helpers import two_worker_args as args
 
-from lrl.policy import save_policy
 from lrl.run import build_run, fit
 
 TIMING = ("time/", "pipeline/")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tok, format_policy):
-    path = tmp_path_factory.mktemp("model") / "policy"
-    save_policy(format_policy, tok, path)
-    return path
-
-
-def args(model_dir: Path, logs: Path, *extra: str) -> list[str]:
-    shape = [
-        "--tasks-per-step",
-        "4",
-        "--episodes-per-task",
-        "4",
-        "--minibatches",
-        "1",
-        "--rollout-workers",
-        "2",
-    ]
-    quiet = [
-        "--eval-every",
-        "1000",
-        "--eval-episodes",
-        "1",
-        "--eval-at-start",
-        "false",
-        "--progress",
-        "false",
-    ]
-    return ["--pipeline", "async", "--model", str(model_dir), *shape, *quiet, "--log-dir", str(logs), *extra]
 
 
 def without_timing(lines: list[dict]) -> list[dict]:

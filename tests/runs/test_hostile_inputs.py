@@ -19,13 +19,6 @@ from helpers import FAST, ROOT, one_clear_line, train, wait_until
 from lrl.policy import make_policy, save_policy
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tok, format_policy):
-    path = tmp_path_factory.mktemp("model") / "policy"
-    save_policy(format_policy, tok, path)
-    return path
-
-
 def refused(*args, needles=()) -> str:
     out = train(*args)
     one_clear_line(out, 2, "train.py: error:", *needles)

@@ -22,13 +22,6 @@ from helpers import FAST, ROOT, Done, in_process, one_clear_line, train, wait_un
 from lrl.policy import save_policy
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tok, format_policy):
-    path = tmp_path_factory.mktemp("model") / "policy"
-    save_policy(format_policy, tok, path)
-    return path
-
-
 def quick(model_dir, logs, *extra) -> list[str]:
     return [*FAST, "--max-steps", "1", "--model", str(model_dir), "--log-dir", str(logs), *extra]
 

@@ -33,13 +33,6 @@ def one_clear_line(out, code: int, *needles: str) -> None:
         assert needle in out.stderr, (needle, out.stderr[-2000:])
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tok, format_policy):
-    path = tmp_path_factory.mktemp("model") / "policy"
-    save_policy(format_policy, tok, path)
-    return path
-
-
 # -- 1. the history file is appended to, never replaced ---------------------------------------------------
 def test_history_file_keeps_its_content(tmp_path, model_dir):
     earlier = '{"step": 0, "run": "an earlier run"}\n'
