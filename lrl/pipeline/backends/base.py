@@ -12,6 +12,7 @@ deterministic results) belong to the controller, so a backend must not change a 
 
 from __future__ import annotations
 
+import queue
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lrl.errors import WorkerError
+from lrl.pipeline.messages import Failed
 
 STARTUP_SECONDS = 120.0  # a worker imports torch and builds its model before its first word
 CLOSE_SECONDS = 3.0  # a worker told to stop has this long to end its loop before it is ended
@@ -124,6 +126,20 @@ class Liveness:
 def failed_error(who: str, error: str, where: str) -> WorkerError:
     """The one line of a worker that reported an exception."""
     return WorkerError(f"{who} failed: {error} (at {where})")
+
+
+def failure_left_in(outbox):
+    """A Failed message a dead worker left in its queue, if any (a worker puts it there just before it ends, so
+    its end can be seen before the message is read)."""
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:
+        try:
+            message = outbox.get(timeout=0.05)
+        except (queue.Empty, OSError, ValueError):
+            continue
+        if isinstance(message, Failed):
+            return message
+    return None
 
 
 def process_state(pid: int) -> str:

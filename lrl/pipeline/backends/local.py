@@ -26,6 +26,7 @@ from lrl.pipeline.backends.base import (
     WorkerError,
     exit_words,
     failed_error,
+    failure_left_in,
     process_state,
 )
 from lrl.pipeline.messages import Failed, Stop
@@ -94,7 +95,7 @@ class LocalWorkers:
         self._checked = now
         for i, proc in enumerate(self.procs):
             if not proc.is_alive():
-                reported = self._drain_for_failure()
+                reported = failure_left_in(self.outbox)
                 self.close()
                 if reported is not None:
                     raise failed_error(f"rollout worker {reported.worker}", reported.error, reported.where)
@@ -108,18 +109,6 @@ class LocalWorkers:
                 )
                 self.close(hung=i)
                 raise error
-
-    def _drain_for_failure(self):
-        """A Failed message a dead worker left in the queue, if any."""
-        deadline = time.monotonic() + 0.2
-        while time.monotonic() < deadline:
-            try:
-                message = self.outbox.get(timeout=0.05)
-            except (queue.Empty, OSError, ValueError):
-                continue
-            if isinstance(message, Failed):
-                return message
-        return None
 
     def close(self, hung: int | None = None) -> None:
         """Stop every worker (a Stop message, then signals; a `hung` one is killed at once); never blocks on a

@@ -22,7 +22,14 @@ import threading
 import time
 
 from lrl.pipeline.backends import register_backend
-from lrl.pipeline.backends.base import CHECK_SECONDS, CLOSE_SECONDS, Liveness, WorkerError, failed_error
+from lrl.pipeline.backends.base import (
+    CHECK_SECONDS,
+    CLOSE_SECONDS,
+    Liveness,
+    WorkerError,
+    failed_error,
+    failure_left_in,
+)
 from lrl.pipeline.messages import Failed, Stop
 
 
@@ -87,7 +94,12 @@ class ThreadWorkers:
         self._checked = now
         for i, thread in enumerate(self.threads):
             if not thread.is_alive():
+                reported = failure_left_in(self.outbox)
                 self.close()
+                if reported is not None:
+                    raise failed_error(
+                        f"rollout worker {reported.worker} (thread)", reported.error, reported.where
+                    )
                 raise WorkerError(f"rollout worker {i} (thread) ended without reporting an error")
             if self.liveness.silent(i, now):
                 error = self.liveness.silence_error(i, f"rollout worker {i} (thread)")
