@@ -20,6 +20,7 @@ from lrl.registry import CALLBACKS
 # the callbacks load on first use: importing this package (as the config's validation does, to know the registered
 # names) imports nothing of Lightning
 _LAZY = {
+    "EnvironmentMonitor": "callbacks.environment",
     "HealthCheck": "callbacks.health",
     "HealthCheckError": "callbacks.health",
     "JumpMonitor": "callbacks.jumps",
@@ -37,6 +38,7 @@ def __getattr__(name):
 
 def build_callbacks(cfg) -> list:
     """The monitoring callbacks a Config switches on, in hook order (TimingMonitor last, to time the others)."""
+    from callbacks.environment import EnvironmentMonitor
     from callbacks.health import HealthCheck
     from callbacks.jumps import JumpMonitor
     from callbacks.mismatch import MismatchMonitor
@@ -52,6 +54,8 @@ def build_callbacks(cfg) -> list:
         out.append(StalenessMonitor(histogram_every=cfg.histogram_every))
     if cfg.monitor_jumps:
         out.append(JumpMonitor(cfg.jump_factor))
+    if cfg.monitor_env:  # logs only where the environment reports its tools' times
+        out.append(EnvironmentMonitor(histogram_every=cfg.histogram_every))
     out += [CALLBACKS.get(name).factory(cfg) for name in cfg.callbacks]
     if cfg.monitor_timing:
         out.append(TimingMonitor())

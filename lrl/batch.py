@@ -52,6 +52,8 @@ class Batch(TypedDict):
     env_metrics: dict[str, torch.Tensor]  # name -> [B], the environment's per-episode counts (e.g. reads)
     advantage: NotRequired[torch.Tensor]  # [B] group-normalised, 0 for failures and groups without variance
     env_turns: NotRequired[torch.Tensor]  # [B] turns each episode's worker handled
+    env_counts: NotRequired[dict[str, torch.Tensor]]  # name -> [B], counts logged as env/<name> step totals
+    tool_times: NotRequired[list[float]]  # every tool call's own seconds (environments that report them)
     env_timeout: NotRequired[torch.Tensor]  # [B] float, 1 if its failure was a tool past --tool-timeout
     env_error: NotRequired[torch.Tensor]  # [B] float, 1 if its failure was a tool that raised
     index: NotRequired[torch.Tensor]  # [] the batch's position in the stream
@@ -113,4 +115,6 @@ def to_device(batch: Batch, device) -> Batch:
     move = lambda v: v.to(device) if torch.is_tensor(v) else v  # noqa: E731
     out = {k: move(v) for k, v in batch.items()}
     out["env_metrics"] = {k: move(v) for k, v in batch.get("env_metrics", {}).items()}
+    if "env_counts" in batch:
+        out["env_counts"] = {k: move(v) for k, v in batch["env_counts"].items()}
     return out  # type: ignore[return-value]

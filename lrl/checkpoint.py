@@ -50,6 +50,7 @@ RESUMABLE_CHANGES = {
     "monitor_mismatch",
     "monitor_staleness",
     "monitor_timing",
+    "monitor_env",
     "health_check",
     "health_threshold",
     "health_threshold_p99",

@@ -73,6 +73,39 @@ class Config:
     env_failure_hazard: float = option(
         0.0, "injected failures: extra hazard per episode token (long ones fail more)", ge=0
     )
+    env_workers: int = option(
+        0,
+        "environment worker processes per rollout process (0: one per CPU core)",
+        ge=0,
+        le=4096,
+        scope="env",
+    )
+    env_retries: int = option(
+        1,
+        "times an infrastructure failure of a tool call is tried again on a fresh worker",
+        ge=0,
+        le=100,
+        scope="env",
+    )
+    sandbox: str = option(
+        "auto",
+        "isolation of each tool call: auto (the strongest that works here), namespaces or rlimits",
+        choices=("auto", "namespaces", "rlimits"),
+        scope="env",
+    )
+    codefix_tasks: str | None = option(
+        None,
+        "a folder of code-fixing tasks (docs/sandbox.md); default: the generated ones",
+        path=True,
+        scope="env",
+    )
+    test_timeout: float = option(
+        1.0,
+        "seconds a sandboxed test run may take before it is killed (its verdict: timeout)",
+        gt=0,
+        le=3600,
+        scope="env",
+    )
     # processes
     accelerator: str = option("cpu", "Lightning accelerator", choices=("cpu", "gpu", "auto"))
     devices: int = option(
@@ -296,6 +329,9 @@ class Config:
     monitor_mismatch: bool = option(True, "log mismatch/* distribution statistics and a histogram every step")
     monitor_staleness: bool = option(True, "log staleness/* per episode, running means and histograms")
     monitor_timing: bool = option(True, "log time/step and each phase's share of it")
+    monitor_env: bool = option(
+        True, "log env/tool_p50|p95|p99 and a histogram of tool-call times (environments that report them)"
+    )
     monitor_jumps: bool = option(
         True, "warn when train/step_kl or train/invalid jumps far above its recent level"
     )

@@ -30,6 +30,9 @@ class Episode:
     seconds: float = 0.0  # wall time from its start to its end
     generating_seconds: float = 0.0  # of which decoding its actions
     tool_seconds: float = 0.0  # of which waiting for its environment
+    tool_times: list[float] = field(
+        default_factory=list
+    )  # each tool call's own time, when the env reports it
 
     def __post_init__(self):
         n = len(self.ids)
@@ -47,6 +50,8 @@ class Episode:
         self.timed_out |= bool(info.get("timeout", False))
         if info.get("tool_error"):
             self.tool_error = str(info.get("detail", "error"))
+        if "tool_time" in info:
+            self.tool_times.append(float(info["tool_time"]))
         for name, value in info.get("metrics", {}).items():
             self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
         self.done = result.done

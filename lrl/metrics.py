@@ -98,6 +98,8 @@ def _env_failure_metrics(batch: Batch, valid: torch.Tensor) -> dict[str, tuple[f
     for key, name in (("env_timeout", "env/timeouts"), ("env_error", "env/errors")):  # environment workers
         if key in batch:  # why they failed: a tool past --tool-timeout, a tool that raised
             out[name] = (batch[key].sum().item() / n_episodes, n_episodes)
+    for name, values in batch.get("env_counts", {}).items():  # the step's totals (each rank's own)
+        out[f"env/{name}"] = (values.sum().item(), 1.0)
     out["env/length"] = (masked_mean(batch["length"], valid).item(), valid.sum().item())
     out["env/failed_length"] = (masked_mean(batch["length"], failed).item(), n_failed)
     return out

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 SESSION_TMP = "LRL_TEST_TMPDIR"
 if not os.environ.get(SESSION_TMP):
     os.environ[SESSION_TMP] = tempfile.mkdtemp(prefix="lrl-tests-")
+    os.chmod(os.environ[SESSION_TMP], 0o711)  # the sandboxes' own users reach their folders through it
     os.environ["TMPDIR"] = os.environ[SESSION_TMP]
     tempfile.tempdir = None  # tempfile computes its default again, from TMPDIR
     # torch's compile cache (vLLM compiles its sampler's log-prob gather) in the session folder too, by name, so that

@@ -39,7 +39,7 @@ def run_tokenizer(cfg):
         raise ConfigError(f"{'tokenizer' if cfg.tokenizer else 'model'}: {err}") from None
 
 
-from lrl.envs import review, tinyagent  # noqa: E402  (registers the built-in environments)
+from lrl.envs import codefix, review, tinyagent  # noqa: E402  (registers the built-in environments)
 
 __all__ = [
     "Env",
@@ -52,4 +52,5 @@ __all__ = [
     "ENVS",
     "tinyagent",
     "review",
+    "codefix",
 ]

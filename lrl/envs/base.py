@@ -55,6 +55,7 @@ class EnvSpec:
     eval_decode: str = "trainer"  # held-out evaluation decodes "trainer"-style, or with a "kvcache"
     max_episode_tokens: int | None = None  # an upper bound on an episode's length, for the memory estimate
     actions: tuple[str, ...] = ()  # examples of well-formed actions: the run's tokenizer must spell them
+    counters: tuple[str, ...] = ()  # per-episode counts in info["metrics"] logged as env/<m>, summed per step
 
 
 class FailureInjection:

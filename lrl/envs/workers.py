@@ -41,6 +41,7 @@ from lrl.envs.base import StepResult
 from lrl.envs.latency import Latency
 
 LOGICAL_TOKEN_SECONDS = 0.025  # logical time of one decode step: a sequence advancing 40 tokens per second
+REAL_TOOL_ENVS: set[str] = set()  # environments whose steps are real programs: always on threads (codefix)
 DEFAULT_TOOL_TIMEOUT = 1800.0  # seconds: the bound of a step on a thread when --tool-timeout is not given
 WAIT_SLICE = 0.1  # seconds: the longest a blocking wait for answers lasts before it returns to its caller
 
@@ -278,6 +279,6 @@ def make_tools(cfg, generator: torch.Generator, clock=None):
     from lrl.envs.latency import parse_latency
 
     latency = parse_latency(cfg.tool_latency)
-    if latency.off and cfg.tool_timeout is None:
+    if latency.off and cfg.tool_timeout is None and cfg.env not in REAL_TOOL_ENVS:
         return InlineTools()
     return ThreadTools(latency, generator, cfg.tool_timeout, clock)

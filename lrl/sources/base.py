@@ -110,7 +110,12 @@ def score_batch(episodes, spec, cfg) -> Batch:
     shaped = batch["reward"] - cfg.invalid_penalty * batch["invalid"]  # what the advantages are made of
     batch["advantage"] = group_advantages(shaped, batch["task_id"], 1.0 - batch["env_failure"])
     batch["env_turns"] = torch.tensor([float(len(e.actions)) for e in episodes])  # [B] steps of its env
-    if cfg.tool_timeout is not None or cfg.tool_latency != "none":  # environment workers: why they failed
+    if spec.counters:  # the environment's own counts (sandbox runs, verdicts), summed per step as env/<m>
+        batch["env_counts"] = {
+            m: torch.tensor([float(e.metrics.get(m, 0.0)) for e in episodes]) for m in spec.counters
+        }
+        batch["tool_times"] = [t for e in episodes for t in e.tool_times]
+    if cfg.tool_timeout is not None or cfg.tool_latency != "none" or spec.counters:  # why workers failed
         batch["env_timeout"] = torch.tensor([float(e.timed_out) for e in episodes])  # [B]
         batch["env_error"] = torch.tensor([float(bool(e.tool_error)) for e in episodes])  # [B]
     return batch

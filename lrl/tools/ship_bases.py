@@ -20,13 +20,19 @@ from lrl.warmstart import SHIPPED, cache_dir
 
 def expected() -> dict[str, tuple]:
     """Folder name -> (tokenizer, builder) of every built-in base."""
+    from lrl.envs.codefix import codefix_tokenizer
+    from lrl.envs.codefix.base import CodefixBaseConfig, codefix_base_key, make_codefix_base
     from lrl.envs.review import review_tokenizer
     from lrl.envs.review.base import ReviewBaseConfig, make_review_base, review_base_key
     from lrl.envs.tinyagent import build_tokenizer, make_tasks
     from lrl.envs.tinyagent.base import BaseConfig, base_key, make_rl_base
 
-    tiny, review = build_tokenizer(make_tasks("all")), review_tokenizer()
+    tiny, review, code = build_tokenizer(make_tasks("all")), review_tokenizer(), codefix_tokenizer()
     return {
+        f"codefix-base-{codefix_base_key(code, CodefixBaseConfig())}": (
+            code,
+            lambda: make_codefix_base(code, verbose=True),
+        ),
         f"base-{base_key(tiny, BaseConfig())}": (tiny, lambda: make_rl_base(tiny, verbose=True)),
         f"review-base-{review_base_key(review, ReviewBaseConfig())}": (
             review,

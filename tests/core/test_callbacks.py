@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import HISTOGRAMS, S
 
 import samplers
 from callbacks import (
+    EnvironmentMonitor,
     HealthCheck,
     HealthCheckError,
     JumpMonitor,
@@ -344,6 +345,7 @@ def test_config_switches_and_the_monitoring_off_yaml():
         MismatchMonitor,
         StalenessMonitor,
         JumpMonitor,
+        EnvironmentMonitor,
         TimingMonitor,
     ]
     off = from_dict(load_yaml(ROOT / "configs" / "monitoring_off.yaml"))

@@ -1,0 +1,149 @@
+"""codefix: a code-fixing environment whose every tool call runs a real test suite in a sandboxed process.
+
+Each task is a small Python module with one bug, its tests, and K candidate patches; ``test K`` runs the tests
+on candidate K in a fresh sandbox, ``submit K`` ends the episode with a real run's verdict as the reward.
+Registered as ``codefix`` (``--env codefix``); ``--codefix-tasks DIR`` reads a user's own tasks. See
+docs/sandbox.md for the task format, the sandbox levels and the failure kinds.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from lrl.envs.base import EnvSpec
+from lrl.envs.codefix.env import COUNTERS, CodeFixEnv
+from lrl.envs.codefix.tasks import (
+    FAMILIES,
+    MAX_CANDIDATES,
+    CodeTask,
+    TaskFolderError,
+    load_tasks,
+    make_code_tasks,
+    vocabulary_words,
+)
+from lrl.envs.workers import REAL_TOOL_ENVS
+from lrl.registry import ENVS
+from lrl.tokenizers import WordTokenizer
+
+_POOLS: dict = {}
+_LOCK = threading.Lock()
+
+
+def codefix_tokenizer() -> WordTokenizer:
+    return WordTokenizer(vocabulary_words())
+
+
+def shared_pool(workers: int, level: str, wall: float, retries: int):
+    """This process's environment worker pool for a configuration, started on first use (its line printed)."""
+    from lrl.envs.codefix.pool import EnvPool, default_workers
+    from lrl.envs.codefix.sandbox.harness import Limits
+
+    n = workers or default_workers()
+    key = (n, level, wall, retries)
+    with _LOCK:
+        pool = _POOLS.get(key)
+        if pool is None or pool.closed:
+            cpu = max(int(wall + 0.999), 1)
+            pool = _POOLS[key] = EnvPool(n, level, Limits(wall_seconds=wall, cpu_seconds=cpu), retries)
+            print(pool.describe(), file=sys.stderr, flush=True)
+        return pool
+
+
+def close_pools() -> None:
+    with _LOCK:
+        for pool in _POOLS.values():
+            pool.close()
+        _POOLS.clear()
+
+
+def codefix_spec(tok=None, max_turns: int = 5, tasks_dir=None, workers: int = 0, level: str = "auto",
+                 wall: float = 1.0, retries: int = 1) -> EnvSpec:  # fmt: skip
+    """The codefix EnvSpec: its word tokenizer (or `tok`), the generated tasks or a folder's, the pool's settings."""
+    from lrl.envs.codefix.base import make_codefix_base
+
+    tok = tok if tok is not None else codefix_tokenizer()
+    tasks = load_tasks(tasks_dir) if tasks_dir else make_code_tasks("all")
+    train = [t for t in tasks if t.split == "train"]
+    heldout = [t for t in tasks if t.split == "heldout"]
+    k_max = max(t.n for t in tasks)
+    actions = tuple(f"{verb} {k}" for verb in ("test", "submit") for k in range(1, k_max + 1))
+    budget = max(len(tok.encode(a)) for a in actions) + 1
+    obs = max(len(tok.observation(f"{k_max} timeout {len(t.calls)} of {len(t.calls)}")) for t in tasks)
+    longest = max(len(tok.prompt(t.prompt)) for t in tasks) + max_turns * (budget + obs)
+    pool = lambda: shared_pool(workers, level, wall, retries)  # noqa: E731
+    return EnvSpec(
+        name="codefix",
+        tok=tok,
+        make=lambda: CodeFixEnv(tok, pool, max_turns),
+        train_tasks=train,
+        heldout_tasks=heldout,
+        max_action_tokens=budget,
+        metrics=("tests",),
+        warm_start=lambda: make_codefix_base(tok, verbose=True),
+        max_episode_tokens=longest,
+        actions=actions,
+        counters=COUNTERS,
+    )
+
+
+def _check(cfg) -> list[str]:
+    problems = []
+    try:
+        tasks = load_tasks(cfg.codefix_tasks) if cfg.codefix_tasks else make_code_tasks("all")
+    except TaskFolderError as err:
+        return [f"codefix_tasks: {err}"]
+    n = sum(t.split == "train" for t in tasks)
+    if cfg.tasks_per_step > n:
+        problems.append(f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of codefix")
+    k_max = max(t.n for t in tasks)
+    if cfg.max_turns < 2:
+        problems.append(
+            f"max_turns: {cfg.max_turns} leaves no turn to test a candidate before submitting one"
+        )
+    elif cfg.max_turns > k_max + 1:
+        pass  # more turns than candidates + 1 are allowed (a policy may test one twice)
+    if cfg.sandbox not in ("auto", "namespaces", "rlimits"):
+        problems.append(f"sandbox: {cfg.sandbox!r} is not auto, namespaces or rlimits")
+    return problems
+
+
+CODEFIX_DEFAULTS = {
+    "max_turns": 5,
+    "tasks_per_step": 8,
+    "episodes_per_task": 8,
+    "max_steps": 12,
+    "slots": 64,  # continuous batching: an episode waiting on a slow test holds up no other
+    "eval_episodes": 4,
+    "eval_every": 12,
+}
+
+
+@ENVS.register(
+    "codefix",
+    uses=("max_turns", "env_workers", "env_retries", "sandbox", "codefix_tasks", "test_timeout"),
+    check=_check,
+    defaults=CODEFIX_DEFAULTS,
+)
+def codefix(cfg, tok=None) -> EnvSpec:
+    """fix a bug: test candidate patches in real sandboxed test runs, submit one (reward: a real run passes)"""
+    return codefix_spec(
+        tok, cfg.max_turns, cfg.codefix_tasks, cfg.env_workers, cfg.sandbox, cfg.test_timeout, cfg.env_retries
+    )
+
+
+REAL_TOOL_ENVS.add("codefix")
+
+__all__ = [
+    "CodeFixEnv",
+    "CodeTask",
+    "FAMILIES",
+    "MAX_CANDIDATES",
+    "TaskFolderError",
+    "codefix_spec",
+    "codefix_tokenizer",
+    "close_pools",
+    "load_tasks",
+    "make_code_tasks",
+    "shared_pool",
+]

@@ -1,0 +1,126 @@
+"""The codefix RL base: a supervised warm start on generated demonstrations (no sandbox, never the tasks).
+
+Two kinds of demonstration, like TinyAgent's:
+- *test-until-pass*: the candidates tested in turn from a random one, failing verdicts until the passing one, then
+  ``submit`` of it; loss on every action but the first (the base learns to go on testing after a failure and
+  to submit what passed, not to start by testing);
+- *decision*: from the prompt alone, ``test K`` with probability ``test_prob``, else ``submit K`` of a random K.
+So the base rarely tests before submitting: a blind submit passes 1 time in K, and RL on the real verdicts has
+to learn to test first. The verdicts are written from the demonstration's own draw; nothing runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from lrl.envs.codefix.tasks import AGENT_OBS, FAMILIES, K
+from lrl.policy import make_policy
+from lrl.warmstart import (
+    cached_policy,
+    fit_demonstrations,
+    fixed_threads,
+    source_fingerprint,
+    tokenizer_fingerprint,
+)
+
+DEMO_SEED = 4711
+
+
+@dataclass(frozen=True)
+class CodefixBaseConfig:
+    """Hyper-parameters of the warm start; part of the cache key."""
+
+    rule_steps: int = 600
+    """first phase: test-until-pass demonstrations only (learns to read a verdict)"""
+    steps: int = 200
+    """second phase: the mix below (sets how often the base tests first)"""
+    batch_size: int = 64
+    lr: float = 3e-3
+    until_pass: float = 0.5
+    """share of test-until-pass demonstrations; the rest are decision demonstrations"""
+    test_prob: float = 0.15
+    """probability that a decision demonstration tests first"""
+    seed: int = 0
+    threads: int = 2
+
+
+def _prompt(family: str, k: int) -> str:
+    return f"fix : {family} . candidates {' '.join(str(j) for j in range(1, k + 1))} ."
+
+
+def demonstration(tok, rng: random.Random, cfg: CodefixBaseConfig) -> tuple[list[int], list[bool]]:
+    family = rng.choice(["task", *sorted(FAMILIES)])
+    k = K
+    ids = tok.prompt(_prompt(family, k))
+    loss = [False] * len(ids)
+
+    def act(text: str, with_loss: bool) -> None:
+        a = tok.encode(text) + [tok.eos_id]
+        ids.extend(a)
+        loss.extend([with_loss] * len(a))
+
+    def see(text: str) -> None:
+        o = tok.observation(text)
+        ids.extend(o)
+        loss.extend([False] * len(o))
+
+    total = rng.choice([2, 3, 3, 3, 4, 5])
+    if rng.random() < cfg.until_pass:
+        start = rng.randrange(k)
+        order = [(start + i) % k + 1 for i in range(k)]  # in turn from a random one: after K, test K + 1
+        good = rng.choice(order)
+        for i, c in enumerate(order):
+            act(f"test {c}", i > 0)
+            if c == good:
+                see(f"{c} passed {total} of {total}")
+                act(f"submit {c}", True)
+                break
+            kind = rng.choice(AGENT_OBS)
+            passed = rng.randrange(total) if kind == "failed" else 0
+            see(f"{c} {kind} {passed} of {total}")
+    elif rng.random() < cfg.test_prob:
+        act(f"test {rng.randrange(1, k + 1)}", True)
+    else:
+        act(f"submit {rng.randrange(1, k + 1)}", True)
+    return ids, loss
+
+
+def train_codefix_base(
+    tok, cfg: CodefixBaseConfig = CodefixBaseConfig(), log_every: int = 0
+) -> torch.nn.Module:
+    rng = random.Random(DEMO_SEED + cfg.seed)
+
+    rule = replace(cfg, until_pass=1.0)
+
+    def draw(step: int):
+        return [
+            demonstration(tok, rng, rule if step < cfg.rule_steps else cfg) for _ in range(cfg.batch_size)
+        ]
+
+    with fixed_threads(cfg.threads):
+        model = make_policy(tok, seed=cfg.seed)
+        return fit_demonstrations(model, draw, cfg.rule_steps + cfg.steps, cfg.lr, tok.pad_id, log_every)
+
+
+def codefix_base_key(tok, cfg: CodefixBaseConfig) -> str:
+    import sys
+
+    from lrl.policy import DEFAULT_SIZE
+
+    code = source_fingerprint(sys.modules[__name__], fit_demonstrations, make_policy)
+    blob = json.dumps(
+        ["codefix", asdict(cfg), tokenizer_fingerprint(tok), DEFAULT_SIZE, code], sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def make_codefix_base(
+    tok, cfg: CodefixBaseConfig = CodefixBaseConfig(), cache: bool = True, verbose: bool = False
+):
+    build = lambda: train_codefix_base(tok, cfg, log_every=100 if verbose else 0)  # noqa: E731
+    return cached_policy(f"codefix-base-{codefix_base_key(tok, cfg)}", tok, build, cache, verbose)
