@@ -474,7 +474,7 @@ def net():
     except OSError:
         return "closed"
 def outside():
-    path = os.path.join(os.path.dirname(os.getcwd()), "probe-outside")
+    path = os.path.join(os.path.dirname(os.getcwd()), "probe-open", "x")
     try:
         with open(path, "w") as f:
             f.write("x")
@@ -488,10 +488,13 @@ def probe(box: Sandbox) -> tuple[bool, str]:
     """Run a tiny sandbox at this box's level -> (it gives what the level promises, what it found)."""
     files = {"probe.py": PROBE}
     calls = ["net()", "outside()", "os.getuid()"]
-    v = run(box, files, "probe", calls, [{"value": None}] * 3, "probe", values=True)
-    outside = os.path.join(box.root, "probe-outside")
-    if os.path.exists(outside):
-        os.unlink(outside)
+    open_dir = os.path.join(box.root, "probe-open")  # anyone may write here: only a read-only mount stops it
+    os.makedirs(open_dir, exist_ok=True)
+    os.chmod(open_dir, 0o777)
+    try:
+        v = run(box, files, "probe", calls, [{"value": None}] * 3, "probe", values=True)
+    finally:
+        shutil.rmtree(open_dir, ignore_errors=True)
     if v.values is None:
         return False, v.detail or v.kind
     net, disk, uid = v.values
