@@ -209,6 +209,8 @@ class OffPolicyModule(L.LightningModule):
         self.last_step = record
         ledger = merged_ledger(Ranks.of(self), record.batch.get("ledger", {}))  # async: the episodes' ids
         index = int(record.batch["index"])
+        if "tool_times" in record.batch:  # this rank's tool calls, each its own seconds (real tools)
+            ledger = {**ledger, "env/tool_times": [round(t, 5) for t in record.batch["tool_times"]]}
         # time/end: wall clock at the step's end, from which a run's steps per second are measured
         self.history.append(
             {"step": record.version, "batch": index, **record.metrics, **ledger, "time/end": time.time()}

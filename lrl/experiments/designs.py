@@ -40,6 +40,8 @@ from lrl.experiments.workload import (
     DESIGNS,
     GROUP,
     GROUPS,
+    LATENCY,
+    RUN_FLAGS,
     SKIP,
     SLOTS,
     STEPS,
@@ -48,16 +50,29 @@ from lrl.experiments.workload import (
     trainer_seconds,
 )
 
+CODEFIX_STEPS = 12  # codefix steps cost seconds of real test runs; its policy has learned by about step 5
+CODEFIX_FLAGS = [  # the same shape on real tools: no drawn latency, every test and submit a sandboxed run
+    "--env", "codefix", "--slots", str(SLOTS), "--tasks-per-step", str(GROUPS), "--episodes-per-task", str(GROUP),
+    "--max-steps", str(CODEFIX_STEPS), *RUN_FLAGS,
+]  # fmt: skip
 
-def run_flags(design: str, repeat: int, drop: bool) -> list[str]:
+
+def steps_of(env: str) -> int:
+    return CODEFIX_STEPS if env == "codefix" else STEPS
+
+
+def run_flags(design: str, repeat: int, drop: bool, env: str = "tinyagent") -> list[str]:
     spec = DESIGNS[design]
-    flags = [*DESIGN_FLAGS, *spec["flags"], "--seed", str(repeat)]
+    base = CODEFIX_FLAGS if env == "codefix" else DESIGN_FLAGS
+    flags = [*base, *spec["flags"], "--seed", str(repeat)]
     if not spec.get("sync"):
         flags += ["--staleness-drop", "true" if drop else "false"]
     return flags
 
 
-def run_once(design: str, repeat: int, drop: bool, out: Path, extra: list[str]) -> dict:
+def run_once(
+    design: str, repeat: int, drop: bool, out: Path, extra: list[str], env: str = "tinyagent"
+) -> dict:
     """One train.py run of a design -> {design, repeat, history, wall_s}; an earlier run's history is reused."""
     name = f"{design.replace(' ', '_').replace(',', '').replace('=', '')}-r{repeat}"
     history = out / "histories" / f"{name}.jsonl"
@@ -66,14 +81,20 @@ def run_once(design: str, repeat: int, drop: bool, out: Path, extra: list[str]) 
     if not history.exists():
         tmp = history.with_suffix(".partial")
         tmp.unlink(missing_ok=True)
-        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop), *extra]
+        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop, env), *extra]
         cmd += ["--log-dir", str(out / "runs"), "--run-name", name, "--history-file", str(tmp)]
         done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{name}: train.py exited {done.returncode}: {done.stderr.strip()[-800:]}")
         tmp.rename(history)
     lines = [json.loads(x) for x in history.read_text().splitlines() if x.strip()]
-    return {"design": design, "repeat": repeat, "history": lines, "wall_s": time.time() - start}
+    return {
+        "design": design,
+        "repeat": repeat,
+        "history": lines,
+        "wall_s": time.time() - start,
+        "steps": len(lines),
+    }
 
 
 def token_hist(history: list[dict]) -> list[float]:
@@ -128,7 +149,7 @@ def predicted(run: dict, drop: bool) -> dict:
         switch_seconds(h),
         spec["eta"],
         spec["interrupt"],
-        STEPS,
+        run.get("steps") or len(h),
         drop=drop,
         sync_before=sync,
     )
@@ -148,6 +169,27 @@ def predicted(run: dict, drop: bool) -> dict:
             "switch_s": switch_seconds(h),
         },
     }
+
+
+def tool_time_table(times: list[float]) -> str:
+    """The real tool calls' time distribution beside the drawn lognormal of the slow-tool workload."""
+    import math
+
+    ordered = sorted(times)
+    q = lambda p: ordered[min(int(p * len(ordered)), len(ordered) - 1)]  # noqa: E731
+    z = {0.5: 0.0, 0.95: 1.6449, 0.99: 2.3263}
+    median, sigma = (float(x) for x in LATENCY.split(":")[1:])
+    rows = ["| tool time (s) | p50 | p95 | p99 | p99 / p50 | mean |", "|---|---|---|---|---|---|"]
+    rows.append(
+        f"| codefix, measured ({len(times)} sandboxed runs) | {q(0.5):.3f} | {q(0.95):.3f} | {q(0.99):.3f} | "
+        f"{q(0.99) / q(0.5):.1f} | {statistics.fmean(times):.3f} |"
+    )
+    drawn = {p: median * math.exp(sigma * z[p]) for p in z}
+    rows.append(
+        f"| {LATENCY}, drawn | {drawn[0.5]:.3f} | {drawn[0.95]:.3f} | {drawn[0.99]:.3f} | "
+        f"{drawn[0.99] / drawn[0.5]:.1f} | {median * math.exp(sigma**2 / 2):.3f} |"
+    )
+    return "\n".join(rows) + "\n"
 
 
 def total_variation(p: list[float], q: list[float]) -> float:
@@ -201,12 +243,14 @@ def main(args, extra: list[str]) -> int:
     from lrl.experiments.designs_report import markdown, plot, projection
 
     drop = args.staleness_drop
-    out = Path(args.out or f"results/designs/{'hard' if drop else 'throttle'}")
+    env = getattr(args, "env", "tinyagent")
+    prefix = "codefix-" if env == "codefix" else ""
+    out = Path(args.out or f"results/designs/{prefix}{'hard' if drop else 'throttle'}")
     runs = []
     if not args.report:
         for repeat in range(args.repeats):
             for design in DESIGNS:
-                run = run_once(design, repeat, drop, out, extra)
+                run = run_once(design, repeat, drop, out, extra, env)
                 runs.append(run)
                 print(
                     f"  {design:24s} repeat {repeat}: {measured(run)['episodes_per_s']:.2f} episodes/s",
@@ -226,6 +270,9 @@ def main(args, extra: list[str]) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1))
     table = markdown(rows)
+    times = [t for r in runs for x in r["history"] for t in x.get("env/tool_times", [])]
+    if times:
+        table += "\n" + tool_time_table(times)
     print(table)
     (out / "table.md").write_text(table)
     plot(rows, out / "designs.png")

@@ -168,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --designs: the consumer-side drop (false: the throttle alone, the chapter's setting)",
     )
     p.add_argument(
+        "--env",
+        choices=("tinyagent", "codefix"),
+        default="tinyagent",
+        help="with --designs: TinyAgent with drawn tool latencies, or codefix's real sandboxed test runs",
+    )
+    p.add_argument(
         "--out", default=None, help="folder for runs, histories, table.md, plot (default results/pipeline)"
     )
     p.add_argument("--json", default=None, help="also write the rows here (default OUT/pipeline.json)")

@@ -435,3 +435,43 @@ def test_the_shipped_values_agree_with_a_fresh_computation():
     fresh = T.expected_values(task.candidates[task.kinds.index("correct")], task.calls)
     assert tuple(fresh) == task.expect
     assert any(list(v) == [dict(x) for x in fresh] for v in shipped.values())
+
+
+def test_codefix_in_the_async_pipeline_deterministic_repeats_exactly(tmp_path):
+    """Async rollout workers with their own pools, slots, the hard bound and the logical clock: two runs agree."""
+    tasks = tmp_path / "tasks"
+    wrong = "def double(x):\n    return x + 2\n"
+    for i, split in enumerate(["train", "train", "heldout"]):
+        write_task(tasks, f"t{i}", [wrong, GOOD, "import os\nos.abort()\n"], split=split)
+    runs = []
+    for name in ("a", "b"):
+        history = tmp_path / f"{name}.jsonl"
+        args = [
+            "--env",
+            "codefix",
+            "--codefix-tasks",
+            str(tasks),
+            "--pipeline",
+            "async",
+            "--deterministic",
+            "true",
+        ]
+        args += ["--slots", "8", "--max-staleness", "1", "--max-steps", "3", "--tasks-per-step", "2"]
+        args += [
+            "--episodes-per-task",
+            "4",
+            "--eval-every",
+            "1000",
+            "--eval-episodes",
+            "1",
+            "--progress",
+            "false",
+        ]
+        out = train(*args, "--history-file", str(history), "--log-dir", str(tmp_path / name))
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(history_lines(history))
+    keys = ("train/reward", "train/tests", "env/sandbox_runs", "env/verdict_error", "trained_ids")
+    assert [[h[k] for k in keys] for h in runs[0]] == [[h[k] for k in keys] for h in runs[1]]
+    assert all(h["staleness/token_max"] <= 1 for h in runs[0])
+    assert sum(h["env/verdict_error"] for h in runs[0]) > 0  # the aborting candidate ran, in a sandbox
+    assert not sandbox_processes()
