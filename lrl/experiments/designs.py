@@ -171,6 +171,63 @@ def predicted(run: dict, drop: bool) -> dict:
     }
 
 
+def real_tool_table(runs: list[dict]) -> str:
+    """Per design, medians over repeats: episodes/s beside tool calls/s, and the policy's tests per episode.
+
+    On real tools an episode's cost is the policy's own choice (how many candidates it tests), so designs that
+    train different policies differ in episodes/s for that reason too: sandboxed runs per second, over the same
+    window, is the pipeline's throughput with the policy's choice taken out."""
+    rows = ["| design | episodes/s | sandboxed runs/s | tests per episode (last step) | timeouts | repeats |"]
+    rows.append("|---|---|---|---|---|---|")
+    sync = None
+    for design in DESIGNS:
+        mine = [r for r in runs if r["design"] == design]
+        if not mine:
+            continue
+        eps, calls, tests, timeouts = [], [], [], []
+        for r in mine:
+            h = r["history"]
+            window = h[-1]["time/end"] - h[SKIP]["time/end"]
+            eps.append(measured(r)["episodes_per_s"])
+            calls.append(sum(x.get("env/sandbox_runs", 0.0) for x in h[SKIP + 1 :]) / window)
+            tests.append(h[-1].get("train/tests", 0.0))
+            timeouts.append(sum(x.get("env/verdict_timeout", 0.0) for x in h))
+        sync = sync or median(calls)
+        rows.append(
+            f"| {design} | {median(eps):.2f} ({min(eps):.2f}-{max(eps):.2f}) | {median(calls):.1f} "
+            f"({median(calls) / sync:.2f}x sync) | {median(tests):.2f} ({min(tests):.2f}-{max(tests):.2f}) | "
+            f"{median(timeouts):.0f} | {len(mine)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def tool_time_plot(times: list[float], path: Path) -> None:
+    """Histogram of the real tool calls' times beside as many draws of the slow-tool workload's lognormal."""
+    import math
+    import random
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    median_s, sigma = (float(x) for x in LATENCY.split(":")[1:])
+    rng = random.Random(0)
+    drawn = [median_s * math.exp(sigma * rng.gauss(0, 1)) for _ in times]
+    bins = [10 ** (k / 10) for k in range(-20, 11)]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.hist(times, bins=bins, alpha=0.75, label=f"codefix: {len(times)} sandboxed test runs, measured")
+    ax.hist(drawn, bins=bins, alpha=0.5, label=f"{LATENCY}: as many draws")
+    ax.set_xscale("log")
+    ax.set_xlabel("tool call (s)")
+    ax.set_ylabel("calls")
+    ax.legend(fontsize=8)
+    ax.set_title("Real tool times against the drawn lognormal", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def tool_time_table(times: list[float]) -> str:
     """The real tool calls' time distribution beside the drawn lognormal of the slow-tool workload."""
     import math
@@ -272,7 +329,8 @@ def main(args, extra: list[str]) -> int:
     table = markdown(rows)
     times = [t for r in runs for x in r["history"] for t in x.get("env/tool_times", [])]
     if times:
-        table += "\n" + tool_time_table(times)
+        table += "\n" + real_tool_table(runs) + "\n" + tool_time_table(times)
+        tool_time_plot(times, out / "tool_times.png")
     print(table)
     (out / "table.md").write_text(table)
     plot(rows, out / "designs.png")

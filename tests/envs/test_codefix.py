@@ -35,6 +35,9 @@ from lrl.envs.codefix.sandbox.harness import Limits, Verdict
 from lrl.envs.codefix.tasks import TaskFolderError
 from lrl.episode import Episode
 
+# the tests below count the machine's sandbox processes: they run one after another, on one worker
+pytestmark = pytest.mark.xdist_group("codefix")
+
 GOOD = "def double(x):\n    return 2 * x\n"
 CALLS = ["double(2)", "double(21)"]
 EXPECT = [{"value": 4}, {"value": 42}]
@@ -437,6 +440,7 @@ def test_the_shipped_values_agree_with_a_fresh_computation():
     assert any(list(v) == [dict(x) for x in fresh] for v in shipped.values())
 
 
+@pytest.mark.slow
 def test_codefix_in_the_async_pipeline_deterministic_repeats_exactly(tmp_path):
     """Async rollout workers with their own pools, slots, the hard bound and the logical clock: two runs agree."""
     tasks = tmp_path / "tasks"
@@ -475,3 +479,33 @@ def test_codefix_in_the_async_pipeline_deterministic_repeats_exactly(tmp_path):
     assert all(h["staleness/token_max"] <= 1 for h in runs[0])
     assert sum(h["env/verdict_error"] for h in runs[0]) > 0  # the aborting candidate ran, in a sandbox
     assert not sandbox_processes()
+
+
+@pytest.mark.slow
+def test_a_run_on_hostile_candidates_finishes_scores_none_and_leaves_nothing(tmp_path, listener):
+    """train.py on a folder of hostile candidates only: the run ends normally, no submission is scored as
+    passing, nothing outside the sandboxes changed, and no process of the run is left."""
+    if not machine_has_namespaces():
+        pytest.skip("the fork storm and the write outside are contained by the namespaces level only")
+    outside = Path(tempfile.mkdtemp(prefix="outside-", dir=os.environ["LRL_TEST_TMPDIR"])) / "marker"
+    os.chmod(outside.parent, 0o777)
+    cases = list(hostile(outside, listener[0]).values())
+    tasks = tmp_path / "tasks"
+    for i, split in enumerate(["train", "train", "heldout"]):
+        chosen = [cases[(4 * i + j) % len(cases)][0] for j in range(4)]
+        write_task(tasks, f"t{i}", chosen, split=split)
+    env, mark = marked_env()
+    history = tmp_path / "h.jsonl"
+    args = ["--env", "codefix", "--codefix-tasks", str(tasks), "--max-steps", "2", "--tasks-per-step", "2"]
+    args += ["--episodes-per-task", "4", "--eval-episodes", "1", "--progress", "false"]
+    out = train_process(*args, "--history-file", str(history), "--log-dir", str(tmp_path / "r"), env=env)
+    # nothing can pass, so no group has a contrast: the run ends as "nothing was learned" (exit 4), not a crash
+    one_clear_line(out, 4, "nothing was learned")
+    steps = history_lines(history)
+    assert len(steps) == 2
+    for h in steps:
+        assert h["train/reward"] == 0 and h["env/verdict_passed"] == 0, h
+        assert h["env/sandbox_runs"] == h["env/tests"] + h["env/submits"] + h["env/retries"]
+    assert not outside.exists() and listener[1] == []
+    time.sleep(1)
+    assert not processes_of(mark) and not sandbox_processes()

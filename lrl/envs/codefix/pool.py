@@ -83,11 +83,14 @@ class _Worker:
         self.proc.stdin.flush()
 
     def receive(self, timeout: float) -> dict | None:
-        """The worker's next line, or None if it ended or said nothing for `timeout` seconds."""
+        """The worker's next line; None if it said nothing for `timeout` seconds (:attr:`ended` tells whether
+        its pipe closed: the worker is gone)."""
+        self.ended = False
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
             return None
         line = self.proc.stdout.readline()
+        self.ended = not line
         return json.loads(line) if line else None
 
     @property
@@ -210,7 +213,7 @@ class EnvPool:
             )
             reply = worker.receive(self.limits.wall_seconds + HUNG_GRACE)
             if reply is None or reply.get("id") != rid:
-                kind = harness.WORKER_DIED if not worker.alive else harness.WORKER_HUNG
+                kind = harness.WORKER_DIED if worker.ended or not worker.alive else harness.WORKER_HUNG
                 keep = False
                 return Verdict(
                     kind,

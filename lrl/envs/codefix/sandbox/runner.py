@@ -16,8 +16,13 @@ import json
 import os
 import sys
 
+USAGE = "usage: python -I -S -B runner.py MODULE   (in a sandbox folder: calls on stdin, values on fd 3)"
+
 
 def main() -> None:
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print(USAGE + "\n\n" + __doc__.strip())
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
     module_name = sys.argv[1]
     calls = json.loads(sys.stdin.read())
     channel = os.fdopen(3, "w", buffering=1)

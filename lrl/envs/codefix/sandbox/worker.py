@@ -18,8 +18,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import harness  # noqa: E402
 
+USAGE = "usage: python -I -S worker.py   (started by lrl.envs.codefix.pool: setup and requests on stdin)"
+
 
 def main() -> None:
+    if sys.argv[1:]:
+        print(USAGE + "\n\n" + __doc__.strip())
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
     out = sys.stdout
     setup = json.loads(sys.stdin.readline() or "{}")
     root = setup.get("root")
