@@ -9,7 +9,8 @@ is tried again on a fresh one up to ``--env-retries`` times; what the retries co
 
 Workers are plain processes (``python -I -S worker.py``, no torch); each reads its requests from a pipe and
 exits when that pipe closes, so a trainer killed with SIGKILL takes its workers, and with them every sandbox
-(each dies with its parent), down within one test timeout.
+(each dies with its parent), down within one test timeout. The pool's folder has a reaper (:mod:`lrl.reaper`):
+it is removed when the pool's process is gone, even if its workers were killed before they could clean up.
 """
 
 from __future__ import annotations
@@ -38,8 +39,19 @@ UID_BASE = 1_200_000  # as root, sandboxes run as UID_BASE + pool * 64 + worker 
 
 def reachable_tmp() -> str:
     """A temporary folder every user can traverse (the sandboxes' users must reach their folders): the run's
-    own temporary folder when it is, else the system's."""
-    for candidate in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"):
+    own temporary folder (removed with the run, however it ends), made traversable where it is one of lrl's own
+    (``lrl-*``, ours: others may pass through, not list it); else the system's."""
+    own = tempfile.gettempdir()
+    parts = os.path.realpath(own).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        folder = os.sep.join(parts[:i])
+        try:
+            st = os.stat(folder)
+            if not st.st_mode & 0o001 and st.st_uid == os.geteuid() and parts[i - 1].startswith("lrl-"):
+                os.chmod(folder, (st.st_mode & 0o7777) | 0o011)
+        except OSError:
+            break
+    for candidate in (own, "/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(candidate) and harness.accessible_to_others(candidate, traverse_only=True):
             return candidate
     return tempfile.gettempdir()
@@ -135,8 +147,11 @@ class EnvPool:
         self.n = n
         self.limits = limits
         self.retries = retries
+        from lrl.reaper import start_reaper
+
         self.root = tempfile.mkdtemp(prefix="lrl-env-", dir=reachable_tmp())
         os.chmod(self.root, 0o711)
+        self.reaper = start_reaper([self.root])  # the folder goes with this process, however its workers end
         EnvPool._count += 1
         as_root = (os.geteuid() == 0) if uid is None else uid
         self.uid_base = (
@@ -251,6 +266,9 @@ class EnvPool:
         if getattr(self, "closed", True):
             return
         self.closed = True
+        from lrl.reaper import stop_reaper
+
         for w in list(getattr(self, "workers", [])):
             w.close()
         shutil.rmtree(self.root, ignore_errors=True)
+        stop_reaper(getattr(self, "reaper", None))
