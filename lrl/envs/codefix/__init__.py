@@ -96,15 +96,10 @@ def _check(cfg) -> list[str]:
     n = sum(t.split == "train" for t in tasks)
     if cfg.tasks_per_step > n:
         problems.append(f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of codefix")
-    k_max = max(t.n for t in tasks)
     if cfg.max_turns < 2:
         problems.append(
             f"max_turns: {cfg.max_turns} leaves no turn to test a candidate before submitting one"
         )
-    elif cfg.max_turns > k_max + 1:
-        pass  # more turns than candidates + 1 are allowed (a policy may test one twice)
-    if cfg.sandbox not in ("auto", "namespaces", "rlimits"):
-        problems.append(f"sandbox: {cfg.sandbox!r} is not auto, namespaces or rlimits")
     return problems
 
 

@@ -167,14 +167,10 @@ FAILURES = {
     "socket": 0.02,  # opens a socket, then answers like the bug
 }
 
-HOSTILE = {
+BODIES = {  # failures in the function's body; the other kinds are module-level code before the shipped bug
     "raises": "    raise RuntimeError('not implemented for this input')",
-    "crash": None,  # module-level: os.abort() or a segfault, chosen per task
     "memory": "    big = []\n    while True:\n        big.append(bytearray(64 << 20))",
     "hang": "    while True:\n        n += 1",
-    "fork": None,  # module-level
-    "outside": None,
-    "socket": None,
 }
 
 
@@ -187,8 +183,8 @@ def _failing_source(kind: str, spec: dict, rng: random.Random) -> str:
         return _module(spec["head"], rng.choice(spec["wrong"]))
     if kind == "bug":
         return _module(spec["head"], spec["bug"])
-    if kind in ("raises", "memory", "hang"):
-        return _module(spec["head"], HOSTILE[kind])
+    if kind in BODIES:
+        return _module(spec["head"], BODIES[kind])
     if kind == "crash":
         prefix = rng.choice(["import os\nos.abort()", "import ctypes\nctypes.string_at(0)"])
         return _module(spec["head"], spec["bug"], prefix)
