@@ -263,6 +263,11 @@ class Config:
     step_kl: bool = option(
         True, "measure KL(pi_old || pi_new) on each step's batch after its updates (one forward)"
     )
+    freeze_policy: bool = option(
+        False,
+        "compute every step as usual but apply no update (learning rate 0): a fixed workload, so that a "
+        "comparison of pipelines is not also one between policies that learned differently",
+    )
     # behavior sampler
     sampler: str = option("onpolicy", "behavior sampler (a registered name)", choices=SAMPLERS)
     lag: int = option(0, "updates the behavior weights lag the trainer", ge=0, le=10_000, scope="sampler")

@@ -108,11 +108,12 @@ class OffPolicyModule(L.LightningModule):
         weights = behavior_weights(old_logp, batch["sample_logp"], batch["action_mask"], cfg)  # [B, T-1]
         plan = plan_update(batch, old_logp, weights, ranks, cfg.minibatches, self.shuffle, where)
         guard = UpdateGuard(self.policy, self.optimizers().optimizer) if cfg.max_step_kl else None
-        updates = self.update(plan, ranks, learning_rate(cfg, version))
+        lr = 0.0 if cfg.freeze_policy else learning_rate(cfg, version)  # frozen: Adam with lr 0 moves nothing
+        updates = self.update(plan, ranks, lr)
         clock.lap("update")
         shift = self.measure_shift(batch, old_logp) if cfg.step_kl else None
         clock.lap("shift")  # the step's KL, measured with one more forward pass
-        control = {"train/lr": learning_rate(cfg, version), "train/minibatches_done": len(updates or [])}
+        control = {"train/lr": lr, "train/minibatches_done": len(updates or [])}
         if guard is not None:  # the whole step moved the policy too far on its own batch: take it back
             control["train/reverted"] = float(guard.check(shift["step_kl"], cfg.max_step_kl))
         self.version += 1

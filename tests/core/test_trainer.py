@@ -27,6 +27,15 @@ def test_trainer_run_is_finite_and_changes_parameters(format_policy):
     assert all(changed)
 
 
+def test_a_frozen_policy_computes_every_step_and_moves_no_weight(format_policy):
+    run, before = train(format_policy, max_steps=2, freeze_policy=True)
+    assert len(run.module.history) == 2
+    for h in run.module.history:
+        assert h["train/lr"] == 0.0 and torch.isfinite(torch.tensor(h["train/loss"]))
+        assert h["train/grad_norm"] > 0  # the gradients were computed as usual
+    assert all(torch.equal(a, b) for a, b in zip(before, run.policy.parameters()))
+
+
 class Recorder(L.Callback):
     """Keeps every trained batch with the trainer's version and recomputed old_logp."""
 
