@@ -26,6 +26,10 @@ Ledger = TypedDict(
         "time/finished_seconds": list[
             list[float]
         ],  # [serial, seconds] of every episode ended since the last step
+        "time/finished_turns": list[
+            list
+        ],  # [serial, Episode.turns()] of the same episodes (the planner's traces)
+        "pipeline/occupancy": list[list[float]],  # [worker, wall s, decoding, ready, tool, in flight, paused]
     },
     total=False,
 )

@@ -33,6 +33,9 @@ class Episode:
     tool_times: list[float] = field(
         default_factory=list
     )  # each tool call's own time, when the env reports it
+    call_seconds: list[float] = field(
+        default_factory=list
+    )  # each tool call's wall time, as the runner saw it
 
     def __post_init__(self):
         n = len(self.ids)
@@ -66,6 +69,24 @@ class Episode:
     @property
     def action_tokens(self) -> int:
         return sum(self.generated)
+
+    def turns(self) -> dict:
+        """The episode as its turns, the simulator's workload unit: ``{"prompt": tokens before the first action,
+        "turns": [[tokens decoded, tool seconds, observation tokens], ...]}`` in order."""
+        n = len(self.generated)
+        pos = 0
+        while pos < n and not self.generated[pos]:
+            pos += 1
+        prompt = pos
+        turns = []
+        for i, action in enumerate(self.actions):
+            pos += len(action)
+            obs = pos
+            while pos < n and not self.generated[pos]:
+                pos += 1
+            tool = self.call_seconds[i] if i < len(self.call_seconds) else 0.0
+            turns.append([len(action), round(tool, 5), pos - obs])
+        return {"prompt": prompt, "turns": turns}
 
     def state(self) -> dict:
         """The episode as plain data (lists, numbers, strings): what a checkpoint keeps; the task by its id."""

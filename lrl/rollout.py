@@ -34,6 +34,13 @@ GENERATING = "generating"  # decoding its current action
 READY = "ready"  # about to start an action (new, or its tool answered)
 BARRIER = "barrier"  # lockstep: its action is complete; tools run once every action of the turn is
 TOOL = "tool"  # its environment is answering its last action
+OCCUPANCY = {
+    GENERATING: "decoding",
+    READY: "ready",
+    BARRIER: "tool",
+    TOOL: "tool",
+}  # phase -> occupancy state
+SAMPLE = 0.02  # seconds between occupancy samples (Rollout.timeline)
 
 
 class ContextError(ValueError):
@@ -93,6 +100,15 @@ class Rollout:
         self.decode_steps = 0  # batched decode forwards so far
         self.slot_seconds = 0.0  # wall seconds summed over the episodes in flight
         self.decode_seconds = 0.0  # wall seconds spent in decode forwards
+        # slot-seconds per occupancy state, and samples [wall s, decoding, ready, tool, in flight, paused 0/1]
+        self.phase_seconds = {"decoding": 0.0, "ready": 0.0, "tool": 0.0, "paused": 0.0}
+        self.timeline: list[list[float]] = []
+        self.trace = False  # keep occupancy samples (a pipeline worker takes them at each beat)
+        self.step_log: list | None = None  # a list: [episodes decoding, seconds] of each step that decoded
+        self._pausing = False
+        self._counts = {"decoding": 0, "ready": 0, "tool": 0}
+        self._flight = 0
+        self._sampled = -1.0
         self._last = time.monotonic()
         self.add(tasks)
 
@@ -132,6 +148,7 @@ class Rollout:
             self.slots[self.next_key] = _Slot(episode, env, started=now)
             keys.append(self.next_key)
             self.next_key += 1
+        self._account()  # the time so far to the slots as they were; the new ones count from now
         return keys
 
     # -- one engine step ------------------------------------------------------------------------------
@@ -144,6 +161,7 @@ class Rollout:
         episode. A step that only waited may return nothing and decode nothing.
         """
         self._account()
+        began = time.monotonic()
         finished: list[Episode] = []
         waiting = self.count(TOOL)
         if self.lockstep and not waiting and self.count(BARRIER) and not self.count(GENERATING):
@@ -163,6 +181,8 @@ class Rollout:
         generating = sorted(k for k, s in self.slots.items() if s.phase == GENERATING)
         if generating:
             self._decode(generating)
+            if self.step_log is not None:  # the whole step: answers taken, actions started, the forward
+                self.step_log.append([len(generating), time.monotonic() - began])
         self._account()
         return finished
 
@@ -246,6 +266,7 @@ class Rollout:
             episode = slot.episode
             episode.record(result)
             episode.tool_seconds += seconds
+            episode.call_seconds.append(seconds)
             if episode.done:
                 episode.seconds = time.monotonic() - slot.started
                 finished.append(episode)
@@ -255,10 +276,41 @@ class Rollout:
                 slot.phase = READY
         return finished
 
-    def _account(self) -> None:
+    def _account(self, sample: bool = False) -> None:
+        """Charge the time since the last call to the slots as they were then; sample the occupancy now and
+        then (every SAMPLE seconds, or when asked)."""
         now = time.monotonic()
-        self.slot_seconds += len(self.slots) * (now - self._last)
+        dt = now - self._last
+        self.slot_seconds += self._flight * dt  # as the slots were since the last call
+        if self._pausing:
+            self.phase_seconds["paused"] += len(self.slots) * dt
+        else:
+            for name, n in self._counts.items():
+                self.phase_seconds[name] += n * dt
         self._last = now
+        counts = {"decoding": 0, "ready": 0, "tool": 0}
+        for slot in self.slots.values():
+            counts[OCCUPANCY[slot.phase]] += 1
+        self._counts = counts
+        self._flight = len(self.slots)
+        if self.trace and (sample or now - self._sampled >= SAMPLE):
+            self._sampled = now
+            wall = round(time.time(), 4)
+            c = counts
+            self.timeline.append(
+                [wall, c["decoding"], c["ready"], c["tool"], len(self.slots), int(self._pausing)]
+            )
+
+    def pausing(self, on: bool) -> None:
+        """The worker starts (True) or ends (False) loading weights: its slots count as paused meanwhile."""
+        self._account(sample=True)
+        self._pausing = on
+        self._account(sample=True)
+
+    def take_timeline(self) -> list[list[float]]:
+        """The occupancy samples since the last call."""
+        out, self.timeline = self.timeline, []
+        return out
 
     # -- weights and hand-over ------------------------------------------------------------------------
     def switch(self, version: int) -> None:

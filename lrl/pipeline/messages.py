@@ -92,12 +92,19 @@ class WorkerStats:
     switch_seconds: float = 0.0  # spent loading weights (decoding paused)
     restarts: int = 0  # times the worker was replaced after it died (Ray actors, --worker-restarts)
     lost: int = 0  # episodes in flight on a worker that died, generated again by its replacement
+    decoding: float = 0.0  # slot-seconds of episodes decoding an action
+    ready: float = 0.0  # slot-seconds of episodes whose tool answered, waiting for the engine's next step
+    tool: float = 0.0  # slot-seconds of episodes waiting for their tool
+    paused: float = 0.0  # slot-seconds of episodes in flight while the worker loaded weights
 
 
 @dataclass
 class Beat:
     worker: int
     stats: WorkerStats = field(default_factory=WorkerStats)
+    timeline: list = field(
+        default_factory=list
+    )  # occupancy samples since the last beat (lrl.rollout.Rollout)
 
 
 @dataclass

@@ -19,6 +19,8 @@ class StepWindow:
     finished_seconds: list[float] = field(default_factory=list)  # wall time of each episode that ended
     finished_ids: list[list] = field(default_factory=list)  # [serial, seconds] of the same episodes
     stats: dict[int, WorkerStats] = field(default_factory=dict)  # worker -> totals at the last beat
+    turns: list[list] = field(default_factory=list)  # [serial, Episode.turns()] of the same episodes
+    timeline: list[list[float]] = field(default_factory=list)  # [worker, *Rollout.timeline sample]
 
 
 def delta(now: dict[int, WorkerStats], before: dict[int, WorkerStats]) -> WorkerStats:
@@ -28,6 +30,16 @@ def delta(now: dict[int, WorkerStats], before: dict[int, WorkerStats]) -> Worker
         old = before.get(w, WorkerStats())
         for name in vars(out):
             setattr(out, name, getattr(out, name) + getattr(stats, name) - getattr(old, name))
+    return out
+
+
+def occupancy(workers: WorkerStats) -> dict:
+    """Shares of the slot-seconds of a step: decoding, ready for the engine, waiting for a tool, paused for a
+    weight load, and empty (slots with no episode)."""
+    capacity = max(workers.capacity_seconds, 1e-9)
+    parts = {k: getattr(workers, k) for k in ("decoding", "ready", "tool", "paused")}
+    out = {f"pipeline/occ_{k}": v / capacity for k, v in parts.items()}
+    out["pipeline/occ_empty"] = max(0.0, 1.0 - sum(parts.values()) / capacity)
     return out
 
 
@@ -59,6 +71,7 @@ def pipeline_metrics(
         "pipeline/episode_seconds": _mean(e.seconds for e in kept),
         "pipeline/launched_seconds": _mean(finished_seconds),
         "time/worker_sync": workers.switch_seconds / max(workers.switches, 1),
+        **occupancy(workers),
         "pipeline/restarts": float(workers.restarts),
         "pipeline/lost": float(workers.lost),
     }

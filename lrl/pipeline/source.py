@@ -60,6 +60,8 @@ class AsyncSource:
         self.last_stats: dict = {}
         self._paused: dict[int, dict] = {}  # worker -> its state, while a checkpoint pauses them
         self._durations: list = []
+        self._turns: list = []  # [serial, turns] of the episodes ended before the last step
+        self._timeline: list = []  # the workers' occupancy samples up to the last step
         self.last_time = time.time()
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -123,6 +125,7 @@ class AsyncSource:
             return
         if isinstance(message, Beat):
             self.window.stats[message.worker] = message.stats
+            self.window.timeline.extend([message.worker, *x] for x in message.timeline)
             return
         if isinstance(message, Paused):
             self._paused[message.worker] = message.state
@@ -139,6 +142,7 @@ class AsyncSource:
         for j, episode in enumerate(episodes):
             self.window.finished_seconds.append(episode.seconds)
             self.window.finished_ids.append([serial * self.episodes_per_group + j, episode.seconds])
+            self.window.turns.append([serial * self.episodes_per_group + j, episode.turns()])
 
     # -- taking a batch ---------------------------------------------------------------------------------
     def next_batch(self, version: int) -> Batch:
@@ -200,6 +204,8 @@ class AsyncSource:
         }
         # [serial, seconds] of every episode that ended since the last step, trained or not
         info["time/finished_seconds"] = self._durations
+        info["time/finished_turns"] = self._turns
+        info["pipeline/occupancy"] = self._timeline
         if not kept:
             return None, info
         batch = score_batch(kept, self.spec, self.cfg)
@@ -218,6 +224,8 @@ class AsyncSource:
         self.window.finished_seconds = []
         self._durations = self.window.finished_ids
         self.window.finished_ids = []
+        self._turns, self.window.turns = self.window.turns, []
+        self._timeline, self.window.timeline = self.window.timeline, []
         queued = self.schedule.queued
         return pipeline_metrics(waited, kept, dropped_lengths, elapsed, grew, finished, queued)
 

@@ -105,7 +105,8 @@ class SyncSource:
         if self.cfg.slots:  # the engine's episode times, as the async ledger has them (the simulator's input)
             first = self.produced * len(episodes)
             batch["ledger"] = {
-                "time/finished_seconds": [[first + i, e.seconds] for i, e in enumerate(episodes)]
+                "time/finished_seconds": [[first + i, e.seconds] for i, e in enumerate(episodes)],
+                "time/finished_turns": [[first + i, e.turns()] for i, e in enumerate(episodes)],
             }
         batch["index"] = torch.tensor(self.produced)
         batch["sample_time"] = torch.tensor(time.perf_counter() - start)

@@ -91,6 +91,40 @@ def test_n_slots_with_latency_l_finish_n_episodes_in_about_l_not_n_times_l(tok):
     assert time.perf_counter() - start >= 4 * latency / 4
 
 
+def test_occupancy_and_turns_account_for_every_slot_second(tok):
+    # 8 one-turn episodes on 4 slots, tools of 0.2 s: the slot-seconds split into decoding, ready and tool
+    # add up to the slot-seconds in flight; each episode's turn has its action's tokens and its tool's time
+    from lrl.rollout import Rollout
+
+    spec = one_turn_spec(tok)
+    tools = ThreadTools(parse_latency("lognormal:0.2:0"), torch.Generator().manual_seed(0))
+    rollout = Rollout(
+        Uniform(len(tok)), spec, (), torch.Generator().manual_seed(0), lockstep=False, tools=tools
+    )
+    rollout.trace = True
+    rollout.step_log = []
+    todo, done = list(spec.train_tasks[:8]), []
+    while todo or not rollout.done:
+        room = rollout.room(4)
+        if todo and room:
+            rollout.add(todo[:room])
+            todo = todo[room:]
+        done += rollout.advance()
+    parts = rollout.phase_seconds
+    assert parts["paused"] == 0.0
+    assert sum(parts.values()) == pytest.approx(rollout.slot_seconds, rel=1e-6)
+    assert parts["tool"] > 0.7 * rollout.slot_seconds  # the tools, 0.2 s each, dominate tiny decode steps
+    timeline = rollout.take_timeline()
+    assert timeline and all(dec + ready + tool == flight <= 4 for _, dec, ready, tool, flight, _ in timeline)
+    assert rollout.take_timeline() == []
+    assert rollout.step_log and all(1 <= b <= 4 and s > 0 for b, s in rollout.step_log)
+    for e in done:
+        turns = e.turns()
+        assert [t[0] for t in turns["turns"]] == [len(a) for a in e.actions] == [1]
+        assert turns["turns"][0][1] == pytest.approx(0.2, abs=0.15)
+        assert turns["prompt"] == 1  # OneTurn's observation is one token
+
+
 def test_a_logical_clock_answers_in_order_of_due_time_without_sleeping(tok):
     clock = LogicalClock()
     tools = ThreadTools(Latency("lognormal", 100.0, 1.0), torch.Generator().manual_seed(1), None, clock)

@@ -29,7 +29,7 @@ from helpers import (
 
 TIMING = ("time/", "pipeline/trainer_wait", "pipeline/worker_idle", "pipeline/episodes_per_s")
 TIMING += ("pipeline/queue_depth", "pipeline/slot_util", "pipeline/generating", "pipeline/tool_wait")
-TIMING += ("pipeline/episode_seconds", "pipeline/launched_seconds")
+TIMING += ("pipeline/episode_seconds", "pipeline/launched_seconds", "pipeline/occ")
 
 
 def async_args(model_dir: Path, logs: Path, *extra: str) -> list[str]:

@@ -160,6 +160,7 @@ def history_without_times(run) -> list[dict]:
         "pipeline/worker_idle",
         "pipeline/episodes_per_s",
         "pipeline/queue_depth",
+        "pipeline/occ",  # occupancy shares and samples: wall-clock slot-seconds
     )
     return [{k: v for k, v in h.items() if not k.startswith(timing)} for h in run.module.history]
 

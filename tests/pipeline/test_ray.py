@@ -47,6 +47,7 @@ HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_thresho
 TIMING = ("time/", "pipeline/trainer_wait", "pipeline/worker_idle", "pipeline/episodes_per_s")
 TIMING += ("pipeline/queue_depth", "pipeline/slot_util", "pipeline/generating", "pipeline/tool_wait")
 TIMING += ("pipeline/episode_seconds", "pipeline/launched_seconds", "pipeline/restarts", "pipeline/lost")
+TIMING += ("pipeline/occ",)
 
 
 class Cluster:

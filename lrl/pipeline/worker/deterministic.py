@@ -83,7 +83,7 @@ class Deterministic(Mode):
     def _end_batch(self) -> None:
         seconds = time.time() - self.batch_started
         self.worker.send(BatchDone(self.worker.index, self.current.batch, self.batch_done, seconds))
-        self._slot_seconds += self.rollout.slot_seconds
+        self.end_rollout()
         self.current = None
         self.rollout = None
 
@@ -139,6 +139,7 @@ class Deterministic(Mode):
             tools=make_tools(self.cfg, self.tool_generator, clock),
             clock=clock,
         )
+        self.rollout.trace = True
 
     @staticmethod
     def held_work(state: dict, episodes_per_group: int) -> list[Work]:

@@ -45,9 +45,14 @@ class FreeRunning(Mode):
         worker = self.worker
         newer = worker.board.version > worker.version
         drain = self.cfg.partial_rollouts == "drain"
-        if newer and (not drain or self.rollout.done) and worker.load(None):
-            self.rollout.switch(worker.version)
-        elif not (newer and drain):  # draining starts nothing new
+        loaded = False
+        if newer and (not drain or self.rollout.done):
+            self.rollout.pausing(True)  # the slots in flight wait while the weights load
+            loaded = worker.load(None)
+            if loaded:
+                self.rollout.switch(worker.version)
+            self.rollout.pausing(False)
+        if not loaded and not (newer and drain):  # draining starts nothing new
             self._open_units()
             self.admit()
         if not self.rollout.done:
@@ -94,6 +99,7 @@ class FreeRunning(Mode):
             lockstep=not self.cfg.slots,
             tools=make_tools(self.cfg, self.tool_generator),
         )
+        self.rollout.trace = True
         self.generator = self.rollout.generator
         self.rollout.switch(worker.version)
 

@@ -29,6 +29,12 @@ class Mode:
             deque()
         )  # (serial, j, task) of started groups, not in a slot
         self._slot_seconds = 0.0  # of rollouts that have ended
+        self._phase_seconds = {
+            "decoding": 0.0,
+            "ready": 0.0,
+            "tool": 0.0,
+            "paused": 0.0,
+        }  # the same, by state
         self._capacity_seconds = 0.0
         self._capacity_since = time.monotonic()
 
@@ -65,7 +71,7 @@ class Mode:
         from lrl.rollout import Rollout
 
         worker = self.worker
-        return Rollout(
+        rollout = Rollout(
             worker.sampler.decoder(),
             worker.failing_spec,
             (),
@@ -76,6 +82,8 @@ class Mode:
             tools=tools,
             clock=clock,
         )
+        rollout.trace = True  # its occupancy samples go to the controller with each beat
+        return rollout
 
     def open_groups(self, groups: list[Group]) -> None:
         """Groups start: their episodes wait for room in the engine."""
@@ -102,6 +110,17 @@ class Mode:
     def slot_seconds(self) -> float:
         current = self.rollout.slot_seconds if self.rollout is not None else 0.0
         return self._slot_seconds + current
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Slot-seconds by occupancy state (lrl.rollout.OCCUPANCY), of every rollout so far."""
+        current = self.rollout.phase_seconds if self.rollout is not None else {}
+        return {k: v + current.get(k, 0.0) for k, v in self._phase_seconds.items()}
+
+    def end_rollout(self) -> None:
+        """The current rollout is done with: keep its totals."""
+        self._slot_seconds += self.rollout.slot_seconds
+        for k, v in self.rollout.phase_seconds.items():
+            self._phase_seconds[k] += v
 
     def capacity_seconds(self) -> float:
         return self._capacity_seconds + self.capacity() * (time.monotonic() - self._capacity_since)

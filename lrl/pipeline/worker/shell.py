@@ -203,7 +203,11 @@ class Worker:
         self.last_beat = now
         self.stats.slot_seconds = self.mode.slot_seconds()
         self.stats.capacity_seconds = self.mode.capacity_seconds()
-        self.outbox.put(Beat(self.index, dataclasses.replace(self.stats)))
+        for name, value in self.mode.phase_seconds().items():
+            setattr(self.stats, name, value)
+        rollout = self.mode.rollout
+        timeline = rollout.take_timeline() if rollout is not None else []
+        self.outbox.put(Beat(self.index, dataclasses.replace(self.stats), timeline))
         if not self.parent_alive():
             self.stopping = True
 

@@ -189,7 +189,7 @@ class RayWorkers:
         if isinstance(message, Beat):
             actor.last = message.stats
             if actor.base is not None:
-                return Beat(message.worker, _added(actor.base, message.stats))
+                return Beat(message.worker, _added(actor.base, message.stats), message.timeline)
         elif isinstance(message, GroupDone):
             _returned(actor.held, lambda w: [g for g in w.groups if g.serial != message.serial])
         elif isinstance(message, BatchDone):
