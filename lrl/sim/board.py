@@ -12,15 +12,20 @@ it as it is:
   a group is finished when its last episode is;
 - **issuing**: a batch's groups go out round robin to the workers, as units, while the throttle allows
   (``(v + 1 + max_staleness)`` batches by the time the trainer is at version ``v``) and while a worker holds no
-  more than its slots plus one unit. The controller issues while the trainer waits for data and when it
+  more than its slots plus one unit. A worker holds an episode from its issue until its *group* has finished
+  (the controller hears of a group, not of an episode), so the finished episodes of a group with a straggler
+  keep room that the slots could use; the controller issues while the trainer waits for data and when it
   publishes, not during a training step;
 - **the consumer-side bound** (``drop``): an episode that started on a version more than ``max_staleness``
   behind the trainer is dropped when its group is taken; a batch with nothing left is taken again;
-- **token staleness**: an episode's tokens are spread over its duration, so an episode interrupted by weight
-  switches contributes to each version it ran on in proportion to the time it ran on it (an approximation:
-  real tokens come in bursts between tool calls).
+- **token staleness**: in the duration model, an episode's tokens are spread over its duration, so an episode
+  interrupted by weight switches contributes to each version it ran on in proportion to the time it ran on it
+  (an approximation: real tokens come in bursts between tool calls); the load model counts the tokens.
 
-Durations are consumed in start order, as the reference simulator does; one design at a time.
+Two models of an episode: the **duration model** takes each episode's wall time (consumed in start order, as
+the reference simulator does); the **load model** (:mod:`lrl.sim.load`) takes its turns and an engine's step
+cost, so that decoding shares the engine and a weight load pauses decoding but not tools. One design at a
+time.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
+
+from lrl.sim.load import EngineCurve, LoadEngine, parse_turns
 
 
 @dataclass
@@ -42,6 +49,12 @@ class _Episode:
     switches: list[tuple[float, int]] = field(
         default_factory=list
     )  # (time, version) of each switch in flight
+    # the load model: its turns, the turn it is at, tokens decoded per version [(version, tokens)]
+    turns: list | None = None
+    turn: int = 0
+    tokens: list = field(default_factory=list)
+    began: float = 0.0  # engine steps when its current action (or what is left of it after a switch) began
+    cur_version: int = 0  # the weights its current action decodes with
 
 
 @dataclass
@@ -50,9 +63,11 @@ class _Worker:
     version: int = 0
     queue: deque = field(default_factory=deque)  # (episode index, group) issued, not started
     running: dict = field(default_factory=dict)  # episode index -> _Episode
-    held: int = 0  # episodes issued to it and not yet finished
+    held: int = 0  # episodes issued to it whose group has not finished
     paused_until: float = -math.inf  # loading weights
     busy: float = 0.0  # slot-seconds with an episode in flight
+    ends: list = field(default_factory=list)  # the duration model: heap of (end, episode index)
+    engine: LoadEngine | None = None  # the load model
 
 
 def simulate_board(
@@ -69,43 +84,65 @@ def simulate_board(
     workers: int = 1,
     drop: bool = True,
     sync_before: bool = False,
+    turns=None,
+    engine: EngineCurve | None = None,
+    co_run: float = 1.0,
+    trace: list | None = None,
 ) -> dict:
-    """Simulate `steps` training steps of lrl's pipeline on episode durations (seconds, in start order) -> dict.
+    """Simulate `steps` training steps of lrl's pipeline -> dict.
+
+    The duration model: ``durations`` are episodes' wall times (seconds, in start order). The load model
+    (:mod:`lrl.sim.load`): ``durations=None``, ``turns`` the episodes as turns (``[[tokens, tool s], ...]`` each,
+    in start order, reused cyclically) and ``engine`` the engine's step cost; ``co_run`` multiplies the engine's
+    step while the trainer trains (its share of the cores). ``train_time`` is the trainer's seconds a step.
 
     ``n_slots`` is the slots of each of ``workers`` workers. ``sync_before`` models the synchronous stream: the
     trainer publishes, then generates its next batch itself (a bound of 0, no overlap, no issuing lag).
+    ``trace``: a list to append ``[time, decoding, tool, in flight, paused in flight]`` (all workers) at every
+    event of the load model.
     Keys: ``time``, ``episodes_per_s`` (trained per second), ``step_ends`` (seconds), ``step_trained``
     (episodes each step trained), ``slot_util``,
-    ``staleness_mean`` / ``staleness_max`` / ``staleness_hist`` (per token, time-weighted; the max is over
-    episodes' oldest tokens), ``episode_staleness_hist`` (oldest token per trained episode), ``trained``,
-    ``dropped``, ``trained_duration``, ``launched_duration``.
+    ``staleness_mean`` / ``staleness_max`` / ``staleness_hist`` (per token; the duration model spreads an
+    episode's tokens evenly over its time; the max is over episodes' oldest tokens), ``episode_staleness_hist``
+    (oldest token per trained episode), ``trained``, ``dropped``, ``trained_duration``, ``launched_duration``.
     """
-    durs = [float(d) for d in durations]
-    if not durs or any(not math.isfinite(d) or d < 0 for d in durs):
-        raise ValueError("durations: need a non-empty list of finite seconds >= 0")
+    load = durations is None
+    if load:
+        if turns is None or engine is None:
+            raise ValueError("the load model needs turns and an engine curve (or give durations)")
+        episodes = parse_turns(turns)
+        durs: list[float] = []
+    else:
+        if turns is not None:
+            raise ValueError("give durations or turns, not both")
+        durs = [float(d) for d in durations]
+        if not durs or any(not math.isfinite(d) or d < 0 for d in durs):
+            raise ValueError("durations: need a non-empty list of finite seconds >= 0")
+    if co_run < 1.0 or not math.isfinite(co_run):
+        raise ValueError("co_run: a slowdown >= 1")
     G, E, eta = groups_per_batch, group_size, max_staleness
     share = -(-G // workers) * E
     capacity = max(n_slots, share) + share
     pool = [_Worker(n_slots) for _ in range(workers)]
+    if load:
+        for wk in pool:
+            wk.engine = LoadEngine(engine)
     t = 0.0
     version = 0  # the trainer's
     issued_batches = 0
     started = 0  # episodes handed a duration
-    ends: list[tuple[float, int, int]] = []  # heap of (end, episode, worker)
     group_left: dict[int, int] = {}  # group -> episodes not finished
+    group_worker: dict[int, int] = {}
     group_episodes: dict[int, list[_Episode]] = {}
     finished: deque[int] = deque()  # finished groups, oldest first
     training_until: float | None = None
     step_ends: list[float] = []
     step_trained: list[int] = []
-    hist: list[float] = []  # token-time per staleness
+    hist: list[float] = []  # token-time (duration model) or tokens (load model) per staleness
     ep_hist: list[int] = []
     trained = dropped = 0
     trained_seconds = 0.0
     launched: list[float] = []
-
-    def duration(i: int) -> float:
-        return durs[i % len(durs)]
 
     def issue() -> None:
         nonlocal issued_batches
@@ -117,6 +154,7 @@ def simulate_board(
                 for g in unit:
                     group = issued_batches * G + g
                     group_left[group] = E
+                    group_worker[group] = w
                     group_episodes[group] = []
                     for _ in range(E):
                         pool[w].queue.append(group)
@@ -125,7 +163,7 @@ def simulate_board(
 
     def admit(now: float) -> None:
         nonlocal started
-        for w, worker in enumerate(pool):
+        for worker in pool:
             newer = worker.version < version  # a newer version is on the board
             if newer and now >= worker.paused_until and (interrupt or not worker.running):
                 switch(worker, now)
@@ -134,22 +172,33 @@ def simulate_board(
                 continue  # loading weights, or draining: start nothing until the episodes in flight are done
             while worker.queue and len(worker.running) < worker.slots:
                 group = worker.queue.popleft()
-                d = duration(started)
+                if load:
+                    ep = _Episode(started, group, 0.0, now, math.inf, worker.version)
+                    ep.turns = episodes[started % len(episodes)]
+                    started += 1
+                    worker.running[ep.index] = ep
+                    if worker.engine.begin_turn(ep, now, worker.version):  # no turns to run: ends now
+                        ep.end = now
+                        heapq.heappush(worker.ends, (now, ep.index))
+                    continue
+                d = durs[started % len(durs)]
                 ep = _Episode(started, group, d, now, now + d, worker.version)
                 started += 1
                 worker.running[ep.index] = ep
-                heapq.heappush(ends, (ep.end, ep.index, w))
+                heapq.heappush(worker.ends, (ep.end, ep.index))
 
     def switch(worker: _Worker, now: float) -> None:
         worker.version = version
         worker.paused_until = now + switch_time
+        if load:
+            worker.engine.switch(now, version)
+            return
         for ep in worker.running.values():  # decoding pauses while the weights load
             ep.end += switch_time
             ep.switches.append((now, version))
         if worker.running and switch_time:
-            rebuilt = [(ep.end, ep.index, w) for w, wk in enumerate(pool) for ep in wk.running.values()]
-            ends[:] = rebuilt
-            heapq.heapify(ends)
+            worker.ends[:] = [(ep.end, ep.index) for ep in worker.running.values()]
+            heapq.heapify(worker.ends)
 
     def take() -> list[_Episode] | None:
         """The trainer's next batch: G finished groups, stale episodes dropped (None: not enough yet)."""
@@ -167,22 +216,42 @@ def simulate_board(
                 return batch
         return None
 
+    def add(age: int, amount: float) -> None:
+        hist.extend([0.0] * (age + 1 - len(hist)))
+        hist[age] += amount
+
     def train(batch: list[_Episode], now: float) -> None:
         nonlocal training_until, trained, trained_seconds
         step_trained.append(len(batch))
         for ep in batch:
             trained += 1
-            trained_seconds += ep.duration
+            trained_seconds += ep.end - ep.start
             oldest = version - ep.version
             ep_hist.extend([0] * (oldest + 1 - len(ep_hist)))
             ep_hist[oldest] += 1
+            if load:
+                for v, n in ep.tokens:
+                    add(version - v, n)
+                continue
             marks = [(ep.start, ep.version), *ep.switches, (ep.end, None)]
             total = max(ep.end - ep.start, 1e-12)
             for (a, v), (b, _) in zip(marks, marks[1:]):
-                age = version - v
-                hist.extend([0.0] * (age + 1 - len(hist)))
-                hist[age] += (b - a) / total
+                add(version - v, (b - a) / total)
         training_until = now + train_time
+
+    def ended(now: float) -> list[tuple[float, int, int]]:
+        """Episodes that end at `now`, in the order (end, index) of all workers."""
+        out = []
+        for w, wk in enumerate(pool):
+            if load:
+                wk.engine.paused = now < wk.paused_until
+                for ep in wk.engine.pop(now, wk.version):
+                    out.append((ep.end, ep.index, w))
+            while wk.ends and wk.ends[0][0] <= now:
+                end, index = heapq.heappop(wk.ends)
+                out.append((end, index, w))
+        out.sort()
+        return out
 
     if sync_before:
         eta = 0
@@ -195,23 +264,36 @@ def simulate_board(
                 train(batch, t)
         pauses = [wk.paused_until for wk in pool if wk.paused_until > t]
         step = [training_until] if training_until is not None else []
-        t_next = min([ends[0][0]] if ends else [], default=math.inf)
-        t_next = min([t_next, *step, *pauses])
+        t_next = min([*step, *pauses], default=math.inf)
+        for wk in pool:
+            if wk.ends:
+                t_next = min(t_next, wk.ends[0][0])
+            if load:
+                wk.engine.paused = t < wk.paused_until
+                wk.engine.factor = co_run if training_until is not None else 1.0
+                t_next = min(t_next, wk.engine.next_time(t))
         if t_next == math.inf:
             raise RuntimeError("the simulated pipeline stalled: nothing runs, trains or loads")
         for wk in pool:
             wk.busy += len(wk.running) * (t_next - t)
+            if load:
+                wk.engine.advance(t, t_next)
+        if trace is not None and load:
+            dec = sum(wk.engine.counts()[0] for wk in pool)
+            tools = sum(wk.engine.counts()[1] for wk in pool)
+            flight = sum(len(wk.running) for wk in pool)
+            paused = sum(len(wk.running) for wk in pool if t < wk.paused_until)
+            trace.append([t, dec, tools, flight, paused])
         t = t_next
-        while ends and ends[0][0] <= t:
-            _, index, w = heapq.heappop(ends)
+        for _, index, w in ended(t):
             ep = pool[w].running.pop(index)
-            pool[w].held -= 1
-            launched.append(ep.duration)
+            launched.append(ep.end - ep.start)
             group_episodes[ep.group].append(ep)
             group_left[ep.group] -= 1
-            if not group_left[ep.group]:
+            if not group_left[ep.group]:  # the controller hears of a group when its last episode ends
                 del group_left[ep.group]
                 finished.append(ep.group)
+                pool[group_worker.pop(ep.group)].held -= E
         if training_until is not None and training_until <= t:
             training_until = None
             version += 1

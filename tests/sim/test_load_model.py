@@ -1,0 +1,89 @@
+"""The load model of the pipeline simulator (episodes as turns, engines that batch their decoding) against hand
+calculations, and its engine curve."""
+
+from __future__ import annotations
+
+import pytest
+
+from lrl.sim.board import simulate_board
+from lrl.sim.load import EngineCurve, parse_turns
+
+# a step costs 0.5 s plus 0.5 s per episode decoding: 1 s alone, 1.5 s for two
+SHARED = EngineCurve.linear(0.5, 0.5)
+
+
+def sync_one_group(turns, curve, train=1.0):
+    """One synchronous step of one group holding every episode of `turns`, on as many slots."""
+    n = len(turns)
+    return simulate_board(None, n, n, 1, train, 0.0, 0, True, 1, sync_before=True, turns=turns, engine=curve)
+
+
+def test_two_sequences_share_their_decode_steps():
+    # both decode together at 1.5 s a step: A's 2 tokens end at 3 s; B's last 2 tokens alone at 1 s: 5 s
+    sim = sync_one_group([[[2, 0.0]], [[4, 0.0]]], SHARED)
+    assert sim["step_ends"] == pytest.approx([6.0])  # the slowest at 5 s, then 1 s of training
+    assert sim["trained_duration"] == pytest.approx((3.0 + 5.0) / 2)
+    assert sim["slot_util"] == pytest.approx((3.0 + 5.0) / (2 * 6.0))
+
+
+def test_a_tool_wait_overlaps_the_other_episodes_decoding():
+    # A: 1 token, a 2 s tool, 1 token; B: 3 tokens. Together for A's first token (1.5 s); B goes on alone
+    # (2 tokens, 1 s each) while A's tool runs, both ending at 3.5 s; then A's last token alone: 4.5 s
+    sim = sync_one_group([[[1, 2.0], [1, 0.0]], [[3, 0.0]]], SHARED)
+    assert sim["step_ends"] == pytest.approx([5.5])
+    assert sim["trained_duration"] == pytest.approx((4.5 + 3.5) / 2)
+
+
+def test_a_weight_switch_pauses_decoding_not_tools_and_splits_the_tokens():
+    # groups of one, batch 1 (the oldest finished group), bound 1, 2 slots, steps of 1 s whatever the batch, training 1 s, loads 0.5 s.
+    # ep0 = 1 token: ends at 1, trained 1-2. ep1 = 1 token, a 0.5 s tool, 3 tokens: decodes its second action
+    # from 1.5 s; at 2 s (version 1 published) it has 0.5 token of it; the load pauses it to 2.5 s, then 2.5
+    # tokens on version 1 end it at 5 s; trained 5-6 at version 1
+    flat = EngineCurve.linear(1.0, 0.0)
+    turns = [[[1, 0.0]], [[1, 0.5], [3, 0.0]], [[10, 0.0]]]  # ep2 (batch 2, from 2.5 s) ends after ep1
+    sim = simulate_board(None, 2, 1, 1, 1.0, 0.5, 1, True, 2, turns=turns, engine=flat)
+    assert sim["step_ends"] == pytest.approx([2.0, 6.0])
+    # tokens: ep0 1 at staleness 0; ep1 1 + 0.5 on version 0 (staleness 1), 2.5 on version 1
+    assert sim["staleness_hist"] == pytest.approx([3.5 / 5, 1.5 / 5])
+    assert sim["episode_staleness_hist"] == [1, 1]
+    assert sim["staleness_max"] == 1
+
+
+def test_a_switch_leaves_a_tool_wait_alone():
+    # as above, but ep1 = 1 token, a 1.5 s tool, 1 token: its tool (1 s to 2.5 s) runs through the load (2 s to
+    # 2.5 s) undelayed, so its last token decodes 2.5-3.5 on version 1; trained 3.5-4.5 (a tool paused by the
+    # load would answer at 3 s and end the run at 5 s)
+    flat = EngineCurve.linear(1.0, 0.0)
+    turns = [[[1, 0.0]], [[1, 1.5], [1, 0.0]], [[10, 0.0]]]
+    sim = simulate_board(None, 2, 1, 1, 1.0, 0.5, 1, True, 2, turns=turns, engine=flat)
+    assert sim["step_ends"] == pytest.approx([2.0, 4.5])
+    assert sim["staleness_hist"] == pytest.approx([2 / 3, 1 / 3])
+
+
+def test_the_engine_curve_interpolates_and_extends_its_fit():
+    curve = EngineCurve.of([[1, 1.0], [3, 2.0], [5, 3.0]])
+    assert curve.seconds(0) == 0.0
+    assert curve.seconds(1) == pytest.approx(1.0)
+    assert curve.seconds(2) == pytest.approx(1.5)
+    assert curve.seconds(9) == pytest.approx(5.0)  # the line through the points: 0.5 + 0.5 b
+    with pytest.raises(ValueError, match="episodes decoding"):
+        EngineCurve.of([[0, 1.0]])
+
+
+def test_turns_are_checked_and_accept_the_history_format():
+    assert parse_turns([{"prompt": 16, "turns": [[3, 0.25, 9], [2, 0.5, 0]]}]) == [[(3, 0.25), (2, 0.5)]]
+    with pytest.raises(ValueError, match="episode 0"):
+        parse_turns([[[-1, 0.5]]])
+    with pytest.raises(ValueError, match="no turns"):
+        parse_turns([[]])
+    with pytest.raises(ValueError, match="needs turns"):
+        simulate_board(None, 2, 1, 1, 1.0, 0.0)
+
+
+def test_the_co_run_slowdown_slows_decoding_while_the_trainer_trains():
+    # bound 1: the second batch decodes while the first trains; 2x slower steps while training lengthen it
+    turns = [[[4, 0.0]]]
+    flat = EngineCurve.linear(1.0, 0.0)
+    alone = simulate_board(None, 1, 1, 1, 2.0, 0.0, 1, True, 3, turns=turns, engine=flat)
+    shared = simulate_board(None, 1, 1, 1, 2.0, 0.0, 1, True, 3, turns=turns, engine=flat, co_run=2.0)
+    assert shared["time"] > alone["time"]
