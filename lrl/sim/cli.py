@@ -200,6 +200,37 @@ def build_parser() -> argparse.ArgumentParser:
         "trainer's train_s and sync_s in it or given by --train-time and --sync-time (docs/simulate.md)",
     )
     g.add_argument("--json", metavar="FILE", help="with --trace: also write the rows to this JSON file")
+    g.add_argument(
+        "--plan-slots",
+        type=POS_INT,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="with a turn trace: the slot counts to plan for (default: --slots, the trace's, or 64)",
+    )
+    g.add_argument(
+        "--bounds",
+        type=NONNEG_INT,
+        nargs="+",
+        default=[1, 2, 4],
+        metavar="K",
+        help="with a turn trace: the staleness bounds to plan for, each with partial rollouts and drain",
+    )
+    g.add_argument(
+        "--engine-step",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("BASE", "PER"),
+        help="with a turn trace: an engine step of BASE + PER x episodes decoding seconds (instead of the "
+        "trace's measured curve)",
+    )
+    g.add_argument(
+        "--group",
+        type=POS_INT,
+        default=None,
+        help="with a turn trace: episodes per task (the trainer's unit)",
+    )
     g = p.add_argument_group("one configuration (--single)")
     g.add_argument("--single", action="store_true", help="simulate one configuration instead of the tables")
     g.add_argument(
@@ -323,6 +354,10 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         for problem in check_output("--json", args.json, "file"):
             parser.error(problem)
+    from lrl.sim import turns
+
+    if turns.is_turn_trace(args.trace):
+        return run_turn_trace(args, parser)
     options = {
         "slots": args.slots,
         "batch": args.batch_size,
@@ -348,6 +383,42 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print("\n".join(planner.plan_lines(trace, plan, rows)))
     if args.json:
         planner.write_json(args.json, trace, plan, rows)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """--trace with turns: every design at every --plan-slots, on lrl's pipeline with the load model."""
+    from lrl.sim import turns
+    from lrl.sim.load import EngineCurve
+
+    try:
+        trace = turns.read_turn_trace(args.trace)
+        engine = None
+        if args.engine_step is not None:
+            engine = EngineCurve.linear(*args.engine_step)
+        slots = args.plan_slots or [args.slots or int(trace.settings.get("slots", 64))]
+        given = {
+            "train_s": args.train_time,
+            "sync_s": args.sync_time,
+            "batch": args.batch_size,
+            "group": args.group,
+        }
+        settings = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
+        rows = turns.plan_turns(trace, slots, args.bounds, args.steps, engine, **given)
+    except TraceError as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"{parser.prog}: error: {args.trace}: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(turns.turn_lines(trace, rows, settings)))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"trace": args.trace, "settings": settings, "rows": rows}, f, indent=1)
+            f.write("\n")
         print(f"wrote {args.json}")
     return 0
 

@@ -194,3 +194,35 @@ def test_the_documented_examples_are_five_lines_and_agree(tmp_path):
     (tmp_path / "trace.csv").write_text(blocks["csv"])
     (tmp_path / "trace.jsonl").write_text(blocks["json"])
     assert plan(tmp_path, tmp_path / "trace.csv")["rows"] == plan(tmp_path, tmp_path / "trace.jsonl")["rows"]
+
+
+# -- turn traces: episodes as turns, an engine curve, lrl's pipeline (lrl.sim.turns) ---------------------------
+def write_turns(path, episodes, **settings):
+    lines = ([json.dumps(settings)] if settings else []) + [json.dumps({"turns": e}) for e in episodes]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_turn_trace_plans_each_design_at_each_slot_count(tmp_path):
+    # one-turn episodes of 2 tokens and a 1 s tool, steps of 0.1 s alone: a synchronous step of 4 episodes
+    # on 4 slots decodes 2 steps together and waits 1 s for the tools
+    engine = {"points": [[1, 0.1], [4, 0.1]]}
+    trace = write_turns(tmp_path / "t.jsonl", [[[2, 1.0]]] * 8, train_s=0.5, engine=engine, batch=4, group=2)
+    out = plan(tmp_path, trace, "--plan-slots", "2", "4", "--bounds", "1", "--steps", "5")
+    rows = {(r["slots"], r["design"]): r for r in out["rows"]}
+    assert len(rows) == 2 * 3  # synchronous, bound 1 partial and drain at each slot count
+    sync = rows[(4, "synchronous")]
+    assert sync["episodes_per_s"] == pytest.approx(4 / (0.2 + 1.0 + 0.5))  # the trainer's first step included
+    assert rows[(2, "synchronous")]["episodes_per_s"] < sync["episodes_per_s"]  # 2 slots: two waves a batch
+    assert rows[(4, "async bound 1, partial")]["episodes_per_s"] > sync["episodes_per_s"]
+
+
+def test_a_turn_trace_without_an_engine_says_how_to_give_one(tmp_path, capsys):
+    trace = write_turns(tmp_path / "t.jsonl", [[[2, 1.0]]] * 4, train_s=0.5)
+    assert main(["--trace", str(trace)]) == 2
+    assert "no engine curve" in capsys.readouterr().err
+    # numbers on the command line serve
+    assert main(["--trace", str(trace), "--engine-step", "0.05", "0.01", "--batch", "4", "--steps", "3"]) == 0
+    bad = write_turns(tmp_path / "b.jsonl", [[[2, -1.0]]], train_s=0.5, engine={"base_s": 0.1})
+    assert main(["--trace", str(bad)]) == 2
+    assert re.search(r"b\.jsonl:2: turns: .*tool seconds", capsys.readouterr().err)

@@ -1,0 +1,198 @@
+"""Turn-level traces for the planner: ``python -m lrl.sim --trace FILE`` with episodes as turns (docs/simulate.md).
+
+A turn trace is JSONL, one episode a line: ``{"turns": [[tokens decoded, tool seconds], ...]}`` (a third number
+per turn, observation tokens, is allowed and not used). An optional first object holds settings: ``train_s``
+(the trainer's seconds a step), ``sync_s`` (a worker's weight load), ``slots``, ``batch``, ``group`` (episodes
+per task, the trainer's unit; default 1), ``co_run`` (the engine's and the trainer's slowdown when both run at
+once; default 1), and ``engine``: ``{"points": [[episodes decoding, step seconds], ...]}`` or
+``{"base_s": B, "per_episode_s": P}``. A calibration file of ``python -m lrl.experiments.engine_cost --run``
+is a turn trace too (its engine curve, co-run slowdown and first run's turns and trainer time).
+
+The plan simulates lrl's own pipeline (:func:`lrl.sim.board.simulate_board`, the load model) for each slot
+count and bound asked: synchronous, and for each bound partial rollouts and drain, with the throttle alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from lrl.sim.load import EngineCurve, parse_turns
+from lrl.sim.trace import TraceError
+
+SETTINGS = ("train_s", "sync_s", "slots", "batch", "group", "co_run")
+
+
+@dataclass
+class TurnTrace:
+    path: str
+    episodes: list  # [[(tokens, tool s), ...], ...]
+    settings: dict = field(default_factory=dict)
+    engine: EngineCurve | None = None
+
+
+def is_turn_trace(path: str) -> bool:
+    """Whether a trace file holds turns (or is a calibration): its first object says so, or its second holds
+    turns after a first of settings."""
+    seen = 0
+    try:
+        with open(path, encoding="utf-8-sig") as handle:
+            for text in handle:
+                if not text.strip():
+                    continue
+                obj = json.loads(text)
+                if not isinstance(obj, dict):
+                    return False
+                if "turns" in obj or (not seen and any(k in obj for k in ("runs", "run", "engine"))):
+                    return True
+                seen += 1
+                if seen == 2 or "duration_s" in obj:
+                    return False
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError):
+        return False
+    return False
+
+
+def _engine(path: str, line: int, spec) -> EngineCurve:
+    try:
+        if isinstance(spec, dict) and "points" in spec:
+            return EngineCurve.of(spec["points"], spec.get("counts"))
+        if isinstance(spec, dict) and "base_s" in spec:
+            return EngineCurve.linear(float(spec["base_s"]), float(spec.get("per_episode_s", 0.0)))
+    except (TypeError, ValueError) as err:
+        raise TraceError(path, line, f"engine: {err}") from None
+    raise TraceError(
+        path, line, 'engine: give {"points": [[b, s], ...]} or {"base_s": B, "per_episode_s": P}'
+    )
+
+
+def _setting(path: str, line: int, name: str, value) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TraceError(path, line, f"{name} is {json.dumps(value)[:40]}, not a finite number")
+    if name in ("slots", "batch", "group"):
+        if value < 1 or value != int(value):
+            raise TraceError(path, line, f"{name} is {value:g}; it must be an integer >= 1")
+        return int(value)
+    if name == "co_run" and value < 1:
+        raise TraceError(path, line, f"co_run is {value:g}; a slowdown is >= 1")
+    if value < 0:
+        raise TraceError(path, line, f"{name} is {value:g}; it must be >= 0")
+    return float(value)
+
+
+def read_turn_trace(path: str) -> TurnTrace:
+    """Read and check a turn trace (or a calibration file) -> TurnTrace."""
+    try:
+        with open(path, encoding="utf-8-sig") as handle:
+            text = handle.read()
+    except OSError as err:
+        raise TraceError(
+            path, None, f"cannot read it: {err.strerror.lower() if err.strerror else err}"
+        ) from None
+    lines = [(i, t) for i, t in enumerate(text.splitlines(), 1) if t.strip()]
+    first = json.loads(lines[0][1])
+    if "runs" in first or "run" in first:  # a calibration (lrl.experiments.engine_cost)
+        run = first["runs"][0] if "runs" in first else first["run"]
+        settings = {"train_s": float(run["train_s"]), "co_run": float(first["co_run"]["slowdown"])}
+        settings["sync_s"] = float(first["engine"].get("switch_s", 0.0))
+        return TurnTrace(path, parse_turns(run["turns"]), settings, _engine(path, 1, first["engine"]))
+    trace = TurnTrace(path, [])
+    raw = []
+    for k, (line, t) in enumerate(lines):
+        try:
+            obj = json.loads(t)
+        except (json.JSONDecodeError, RecursionError, ValueError) as err:
+            raise TraceError(path, line, f"not JSON ({err})") from None
+        if not isinstance(obj, dict):
+            raise TraceError(path, line, f"expected a JSON object, got {type(obj).__name__}")
+        if "turns" not in obj and k:
+            raise TraceError(path, line, "no turns (only the first object may hold the settings alone)")
+        for name in SETTINGS:
+            if name in obj:
+                trace.settings[name] = _setting(path, line, name, obj[name])
+        if "engine" in obj:
+            trace.engine = _engine(path, line, obj["engine"])
+        if "turns" in obj:
+            try:
+                raw.append(parse_turns([obj])[0])
+            except (TypeError, ValueError, IndexError) as err:
+                raise TraceError(path, line, f"turns: {str(err).replace('episode 0: ', '')}") from None
+    if not raw:
+        raise TraceError(path, 1, 'no episodes (no object with "turns")')
+    trace.episodes = raw
+    return trace
+
+
+def plan_turns(
+    trace: TurnTrace, slots: list[int], bounds: list[int], steps: int, engine=None, **given
+) -> list:
+    """Every design at every slot count -> rows. `given` (train_s, sync_s, batch, group, co_run) overrides the
+    trace; `engine` (an EngineCurve) too."""
+    from lrl.sim.board import simulate_board
+
+    s = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
+    curve = engine or trace.engine
+    if curve is None:
+        raise TraceError(
+            trace.path, 1, "no engine curve: give one in the trace or with --engine-step BASE PER"
+        )
+    if "train_s" not in s:
+        raise TraceError(trace.path, 1, "no train_s: give it in the trace or with --train-time")
+    group = int(s.get("group", 1))
+    batch = int(s.get("batch", 64))
+    if batch % group:
+        raise TraceError(trace.path, 1, f"the batch ({batch}) must be a whole number of groups of {group}")
+    co = float(s.get("co_run", 1.0))
+    designs = [("synchronous", 0, True, True)]
+    for k in bounds:
+        designs += [
+            (f"async bound {k}, partial", k, True, False),
+            (f"async bound {k}, drain", k, False, False),
+        ]
+    rows = []
+    for n in slots:
+        for name, eta, interrupt, sync in designs:
+            r = simulate_board(
+                None, n, group, batch // group, float(s["train_s"]) * (1.0 if sync else co),
+                float(s.get("sync_s", 0.0)), eta, interrupt, steps, drop=False, sync_before=sync,
+                turns=trace.episodes, engine=curve, co_run=1.0 if sync else co,
+            )  # fmt: skip
+            rows.append(
+                {
+                    "slots": n,
+                    "design": name,
+                    "max_staleness": eta,
+                    "episodes_per_s": r["episodes_per_s"],
+                    "slot_utilization": r["slot_util"],
+                    "staleness_mean": r["staleness_mean"],
+                    "staleness_max": r["staleness_max"],
+                    "trained_duration_mean_s": r["trained_duration"],
+                    "simulated_s": r["time"],
+                    "episodes_started": r["started"],
+                    "cycled": r["started"] > len(trace.episodes),
+                }
+            )
+    return rows
+
+
+def turn_lines(trace: TurnTrace, rows: list[dict], settings: dict) -> list[str]:
+    eps = trace.episodes
+    turns = sum(len(e) for e in eps)
+    tokens = sum(t for e in eps for t, _ in e)
+    tool = sum(x for e in eps for _, x in e)
+    out = [
+        f"turn trace {trace.path}: {len(eps):,} episodes, {turns / len(eps):.2f} turns each, "
+        f"{tokens / turns:.1f} tokens and {tool / turns:.3f} tool s a turn",
+        "settings: " + ", ".join(f"{k} {v:g}" for k, v in sorted(settings.items())),
+        "",
+        f"{'slots':>6} | {'design':<24} | {'episodes/s':>10} | {'slot util':>9} | staleness mean, max",
+    ]
+    for r in rows:
+        out.append(
+            f"{r['slots']:>6} | {r['design']:<24} | {r['episodes_per_s']:10.3f} | {r['slot_utilization']:9.2f} | "
+            f"{r['staleness_mean']:.2f}, {r['staleness_max']}" + (" *" if r["cycled"] else "")
+        )
+    if any(r["cycled"] for r in rows):
+        out += ["", f"* needed more episodes than the trace's {len(eps):,}: they were used again in order"]
+    return out
