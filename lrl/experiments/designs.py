@@ -57,31 +57,55 @@ CODEFIX_FLAGS = [  # the same shape on real tools: no drawn latency, every test 
 ]  # fmt: skip
 
 
+SHORT = {  # --only's names of the designs
+    "synchronous": "synchronous",
+    "drain1": "one step ahead, drain",
+    "partial1": "async eta=1, partial",
+    "partial2": "async eta=2, partial",
+    "drain4": "async eta=4, drain",
+}
+
+
+def file_name(design: str) -> str:
+    return design.replace(" ", "_").replace(",", "").replace("=", "")
+
+
 def steps_of(env: str) -> int:
     return CODEFIX_STEPS if env == "codefix" else STEPS
 
 
-def run_flags(design: str, repeat: int, drop: bool, env: str = "tinyagent") -> list[str]:
+def run_flags(
+    design: str, repeat: int, drop: bool, env: str = "tinyagent", slots: int = SLOTS, frozen: bool = False
+) -> list[str]:
     spec = DESIGNS[design]
     base = CODEFIX_FLAGS if env == "codefix" else DESIGN_FLAGS
-    flags = [*base, *spec["flags"], "--seed", str(repeat)]
+    flags = [*base, *spec["flags"], "--seed", str(repeat), "--slots", str(slots)]
     if not spec.get("sync"):
         flags += ["--staleness-drop", "true" if drop else "false"]
+    if frozen:
+        flags += ["--freeze-policy", "true"]
     return flags
 
 
 def run_once(
-    design: str, repeat: int, drop: bool, out: Path, extra: list[str], env: str = "tinyagent"
+    design: str,
+    repeat: int,
+    drop: bool,
+    out: Path,
+    extra: list[str],
+    env: str = "tinyagent",
+    slots: int = SLOTS,
+    frozen: bool = False,
 ) -> dict:
     """One train.py run of a design -> {design, repeat, history, wall_s}; an earlier run's history is reused."""
-    name = f"{design.replace(' ', '_').replace(',', '').replace('=', '')}-r{repeat}"
+    name = f"{file_name(design)}-r{repeat}"
     history = out / "histories" / f"{name}.jsonl"
     history.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
     if not history.exists():
         tmp = history.with_suffix(".partial")
         tmp.unlink(missing_ok=True)
-        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop, env), *extra]
+        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop, env, slots, frozen), *extra]
         cmd += ["--log-dir", str(out / "runs"), "--run-name", name, "--history-file", str(tmp)]
         done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
         if done.returncode != 0:
@@ -94,6 +118,7 @@ def run_once(
         "history": lines,
         "wall_s": time.time() - start,
         "steps": len(lines),
+        "slots": slots,
     }
 
 
@@ -123,7 +148,7 @@ def measured(run: dict) -> dict:
     hist = token_hist(h)
     return {
         "episodes_per_s": trained / window,
-        "slot_util": sum(finished) / (SLOTS * window),
+        "slot_util": sum(finished) / (run.get("slots", SLOTS) * window),
         "staleness_mean": sum(k * p for k, p in enumerate(hist)),
         "staleness_max": max(k for k, p in enumerate(hist) if p > 0),
         "staleness_hist": hist,
@@ -142,7 +167,7 @@ def predicted(run: dict, drop: bool) -> dict:
     sync = bool(spec.get("sync"))
     sim = simulate_board(
         durations(h),
-        SLOTS,
+        run.get("slots", SLOTS),
         GROUP,
         GROUPS,
         trainer_seconds(h, sync),
@@ -168,6 +193,70 @@ def predicted(run: dict, drop: bool) -> dict:
             "train_s": trainer_seconds(h, sync),
             "switch_s": switch_seconds(h),
         },
+    }
+
+
+def load_calibration(path) -> dict:
+    """A calibration file (lrl.experiments.engine_cost with --run) -> its parts, checked."""
+    cal = json.loads(Path(path).read_text())
+    if "run" in cal:  # one calibration run
+        cal["runs"] = [cal.pop("run")]
+    missing = [k for k in ("engine", "co_run", "runs") if k not in cal]
+    if missing or not cal["runs"]:
+        raise SystemExit(
+            f"{path}: not a calibration with a run (missing {missing}); see lrl.experiments.engine_cost"
+        )
+    return cal
+
+
+def predicted_from(run: dict, drop: bool, cal: dict) -> dict:
+    """The load model's prediction of a run from a calibration only: the engine curve and co-run slowdown of the
+    benchmark, the trainer's seconds and the workload's turns of each calibration run (the prediction is the mean
+    over them; staleness max the largest). Nothing of `run` enters but its configuration (design, slots,
+    steps)."""
+    from lrl.sim.board import simulate_board
+    from lrl.sim.load import EngineCurve
+
+    spec = DESIGNS[run["design"]]
+    sync = bool(spec.get("sync"))
+    curve = EngineCurve.of(cal["engine"]["points"], cal["engine"].get("counts"))
+    slow = float(cal["co_run"]["slowdown"]) if not sync else 1.0  # sync: the trainer has the cores alone
+    switch_s = float(cal["engine"].get("switch_s", 0.0))
+    sims = []
+    for part in cal["runs"]:
+        sim = simulate_board(
+            None,
+            run.get("slots", SLOTS),
+            GROUP,
+            GROUPS,
+            float(part["train_s"]) * slow,
+            switch_s,
+            spec["eta"],
+            spec["interrupt"],
+            run.get("steps") or len(run["history"]),
+            drop=drop,
+            sync_before=sync,
+            turns=part["turns"],
+            engine=curve,
+            co_run=slow,
+        )
+        ends = sim["step_ends"]
+        sim["episodes_per_s"] = sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
+        sims.append(sim)
+    mean = lambda key: statistics.fmean(s[key] for s in sims)  # noqa: E731
+    width = max(len(s["staleness_hist"]) for s in sims)
+    hist = [statistics.fmean(s["staleness_hist"][k] if k < len(s["staleness_hist"]) else 0.0 for s in sims)
+            for k in range(width)]  # fmt: skip
+    return {
+        "episodes_per_s": mean("episodes_per_s"),
+        "slot_util": mean("slot_util"),
+        "staleness_mean": mean("staleness_mean"),
+        "staleness_max": max(s["staleness_max"] for s in sims),
+        "staleness_hist": hist,
+        "trained_duration": mean("trained_duration"),
+        "dropped": round(mean("dropped")),
+        "per_calibration_run": [s["episodes_per_s"] for s in sims],
+        "inputs": {"runs": len(sims), "switch_s": switch_s, "co_run": slow},
     }
 
 
@@ -256,15 +345,18 @@ def total_variation(p: list[float], q: list[float]) -> float:
     return 0.5 * sum(abs(a - b) for a, b in zip(p, q))
 
 
-def summarise(runs: list[dict], drop: bool) -> list[dict]:
-    """One object per design: medians over repeats of what was measured and what was predicted."""
+def summarise(runs: list[dict], drop: bool, cal: dict | None = None) -> list[dict]:
+    """One object per design: medians over repeats of what was measured and what was predicted (from the
+    calibration `cal` by the load model; without one, from each run's own episode times by the duration model,
+    the way this experiment was first checked, kept beside it as ``inrun_*``)."""
     rows = []
     for design in DESIGNS:
         mine = [r for r in runs if r["design"] == design]
         if not mine:
             continue
         m = [measured(r) for r in mine]
-        p = [predicted(r, drop) for r in mine]
+        inrun = [predicted(r, drop) for r in mine]
+        p = [predicted_from(r, drop, cal) for r in mine] if cal is not None else inrun
         rows.append(
             {
                 "design": design,
@@ -284,6 +376,9 @@ def summarise(runs: list[dict], drop: bool) -> list[dict]:
                 "measured_trained_duration": median([x["trained_duration"] for x in m]),
                 "predicted_trained_duration": median([x["trained_duration"] for x in p]),
                 "measured_launched_duration": median([x["launched_duration"] for x in m]),
+                "predicted_from": "calibration" if cal is not None else "the run itself",
+                "inrun_episodes_per_s": median([x["episodes_per_s"] for x in inrun]),
+                "inrun_slot_util": median([x["slot_util"] for x in inrun]),
                 "measured_dropped": sum(x["dropped"] for x in m),
                 "predicted_dropped": sum(x["dropped"] for x in p),
                 "per_repeat": [
@@ -302,12 +397,21 @@ def main(args, extra: list[str]) -> int:
     drop = args.staleness_drop
     env = getattr(args, "env", "tinyagent")
     prefix = "codefix-" if env == "codefix" else ""
-    out = Path(args.out or f"results/designs/{prefix}{'hard' if drop else 'throttle'}")
+    slots = args.slots or SLOTS
+    frozen = bool(getattr(args, "freeze_policy", False))
+    suffix = ("-frozen" if frozen else "") + (f"-s{slots}" if slots != SLOTS else "")
+    out = Path(args.out or f"results/designs/{prefix}{'hard' if drop else 'throttle'}{suffix}")
+    only = [SHORT.get(x, x) for x in (getattr(args, "only", None) or [])]
+    unknown = [x for x in only if x not in DESIGNS]
+    if unknown:
+        raise SystemExit(f"--only: unknown design(s) {unknown}; choose from {sorted(SHORT)}")
+    chosen = [d for d in DESIGNS if not only or d in only]
     runs = []
     if not args.report:
-        for repeat in range(args.repeats):
-            for design in DESIGNS:
-                run = run_once(design, repeat, drop, out, extra, env)
+        first = getattr(args, "first_seed", 0)
+        for repeat in range(first, first + args.repeats):
+            for design in chosen:
+                run = run_once(design, repeat, drop, out, extra, env, slots, frozen)
                 runs.append(run)
                 print(
                     f"  {design:24s} repeat {repeat}: {measured(run)['episodes_per_s']:.2f} episodes/s",
@@ -315,14 +419,21 @@ def main(args, extra: list[str]) -> int:
                 )
     else:
         for path in sorted((out / "histories").glob("*.jsonl")):
-            design = next(
-                d
-                for d in DESIGNS
-                if path.name.startswith(d.replace(" ", "_").replace(",", "").replace("=", ""))
-            )
+            design = next(d for d in DESIGNS if path.name.startswith(file_name(d)))
+            if design not in chosen:
+                continue
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-            runs.append({"design": design, "repeat": int(path.stem.rsplit("-r", 1)[1]), "history": lines})
-    rows = summarise(runs, drop)
+            runs.append(
+                {
+                    "design": design,
+                    "repeat": int(path.stem.rsplit("-r", 1)[1]),
+                    "history": lines,
+                    "steps": len(lines),
+                    "slots": slots,
+                }
+            )
+    cal = load_calibration(args.predict_from) if getattr(args, "predict_from", None) else None
+    rows = summarise(runs, drop, cal)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1))

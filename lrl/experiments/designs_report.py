@@ -18,6 +18,7 @@ def markdown(rows: list[dict]) -> str:
     """One line per design: measured / predicted for each quantity, the TV distance, the ratio to sync."""
     sync = next((r["measured_episodes_per_s"] for r in rows if r["design"] == "synchronous"), None)
     head = ["design", *[c[0] + " (meas. / pred.)" for c in COLUMNS], "TV", "x sync", "error", "dropped"]
+    head.append("in-run duration model error")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["design"]]
@@ -28,11 +29,13 @@ def markdown(rows: list[dict]) -> str:
         error = r["predicted_episodes_per_s"] / r["measured_episodes_per_s"] - 1
         cells.append(f"{100 * error:+.1f}%")
         cells.append(f"{r['measured_dropped']} / {r['predicted_dropped']}")
+        cells.append(f"{100 * (r['inrun_episodes_per_s'] / r['measured_episodes_per_s'] - 1):+.1f}%")
         out.append("| " + " | ".join(cells) + " |")
     launched = [r["measured_launched_duration"] for r in rows]
     out.append("")
     out.append(
-        f"Median of {rows[0]['repeats']} repeats per design; staleness max is the largest over repeats. "
+        f"Median of {rows[0]['repeats']} repeats per design; predicted from {rows[0]['predicted_from']}; "
+        "staleness max is the largest over repeats. "
         f"Mean duration of every episode that finished (launched): {min(launched):.2f}-{max(launched):.2f} s."
     )
     return "\n".join(out) + "\n"
@@ -82,6 +85,8 @@ def projection(runs: list[dict]) -> str:
 
     pool = [d for r in runs if not DESIGNS[r["design"]].get("sync") for d in durations(r["history"])]
     async_runs = [r for r in runs if not DESIGNS[r["design"]].get("sync")]
+    if not async_runs:
+        return "(no asynchronous run: no projection)\n"
     t64 = statistics.median([trainer_seconds(r["history"], False) for r in async_runs])
     switch = statistics.median([switch_seconds(r["history"]) for r in async_runs])
     mean_d = statistics.fmean(pool)

@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         help="bounds to run (0 is required: it calibrates)",
     )
     p.add_argument("--repeats", type=int, default=3, help="runs per bound, seeds 0 .. N-1 (default 3)")
+    p.add_argument("--first-seed", type=int, default=0, help="with --designs: seeds FIRST .. FIRST+N-1")
     p.add_argument("--steps", type=int, default=40, help="training steps per run (default 40)")
     p.add_argument(
         "--partial", choices=("drain", "interrupt"), default="drain", help="partial rollouts (default drain)"
@@ -174,6 +175,28 @@ def main(argv: list[str] | None = None) -> int:
         help="with --designs: TinyAgent with drawn tool latencies, or codefix's real sandboxed test runs",
     )
     p.add_argument(
+        "--slots", type=int, default=None, help="with --designs: slots of the rollout engine (default 64)"
+    )
+    p.add_argument(
+        "--freeze-policy",
+        choices=("true", "false"),
+        default="false",
+        help="with --designs: a fixed workload (train.py --freeze-policy): the designs compared on one policy",
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="DESIGN",
+        help="with --designs: run these designs only (synchronous, drain1, partial1, partial2, drain4)",
+    )
+    p.add_argument(
+        "--predict-from",
+        default=None,
+        metavar="FILE",
+        help="with --designs: predict from this calibration (lrl.experiments.engine_cost's JSON), not the runs",
+    )
+    p.add_argument(
         "--out", default=None, help="folder for runs, histories, table.md, plot (default results/pipeline)"
     )
     p.add_argument("--json", default=None, help="also write the rows here (default OUT/pipeline.json)")
@@ -186,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         from lrl.experiments import designs
 
         args.staleness_drop = args.staleness_drop == "true"
+        args.freeze_policy = args.freeze_policy == "true"
+        if args.slots is not None and args.slots < 1:
+            p.error("--slots must be at least 1")
         return designs.main(args, args.flags)
     args.out = args.out or "results/pipeline"
     if 0 not in args.staleness:

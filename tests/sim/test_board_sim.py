@@ -65,3 +65,30 @@ def test_measured_rates_of_a_known_history():
     assert m["staleness_mean"] == pytest.approx(0.25) and m["staleness_max"] == 1
     assert token_hist(history) == pytest.approx([0.75, 0.25])
     assert total_variation([0.75, 0.25], [1.0]) == pytest.approx(0.25)
+
+
+def test_a_prediction_from_a_calibration_uses_nothing_of_the_predicted_run():
+    from lrl.experiments.designs import predicted_from
+    from lrl.experiments.engine_cost import run_part
+
+    batch = GROUP * GROUPS
+    calibration_history = [  # a synchronous run: 0.3 s outside sampling a step, one-turn episodes
+        {
+            "time/end": 2.0 * step,
+            "time/sample": 1.7,
+            "time/finished_turns": [
+                [step * batch + i, {"prompt": 4, "turns": [[3, 1.0, 0]]}] for i in range(batch)
+            ],
+        }
+        for step in range(8)
+    ]
+    part = run_part(calibration_history)
+    assert part["train_s"] == pytest.approx(0.3) and len(part["turns"]) == 8 * batch
+    cal = {"engine": {"points": [[1, 0.01]], "switch_s": 0.0}, "co_run": {"slowdown": 1.0}, "runs": [part]}
+    run = {"design": "synchronous", "history": [{"junk": True}] * 6, "steps": 6, "slots": SLOTS}
+    p = predicted_from(run, False, cal)
+    # 64 episodes on 64 slots: 3 decode steps of 0.01 s, a 1 s tool, 0.3 s of training
+    assert p["episodes_per_s"] == pytest.approx(batch / (0.03 + 1.0 + 0.3))
+    assert p["staleness_max"] == 0 and p["staleness_hist"] == [1.0]
+    with pytest.raises(ValueError, match="finished_turns"):
+        run_part([{"time/end": 0.0}])
