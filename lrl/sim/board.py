@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 
 from lrl.sim.load import EngineCurve, LoadEngine, parse_turns
 
+WAIT_SLICE = 0.1  # lrl.envs.workers.WAIT_SLICE: a rollout worker's longest blocking wait for tool answers
+
 
 @dataclass
 class _Episode:
@@ -68,6 +70,7 @@ class _Worker:
     busy: float = 0.0  # slot-seconds with an episode in flight
     ends: list = field(default_factory=list)  # the duration model: heap of (end, episode index)
     engine: LoadEngine | None = None  # the load model
+    gate: float = -math.inf  # the load model: work issued to it is seen from then (it was blocked on tools)
 
 
 def simulate_board(
@@ -88,6 +91,8 @@ def simulate_board(
     engine: EngineCurve | None = None,
     co_run: float = 1.0,
     trace: list | None = None,
+    release: str = "group",
+    wait_slice: float | None = None,
 ) -> dict:
     """Simulate `steps` training steps of lrl's pipeline -> dict.
 
@@ -98,6 +103,12 @@ def simulate_board(
 
     ``n_slots`` is the slots of each of ``workers`` workers. ``sync_before`` models the synchronous stream: the
     trainer publishes, then generates its next batch itself (a bound of 0, no overlap, no issuing lag).
+    ``release``: when a worker's held episode stops counting against its capacity: ``"group"`` (when its group
+    has finished, as lrl's controller counts) or ``"episode"`` (when it ends: this simulator before it modelled
+    that, kept to measure what the rule is worth).
+    ``wait_slice`` (the load model, asynchronous designs): a worker whose episodes all wait for tools sees new
+    work and new weights only when an answer comes or a wait of this many seconds ends (default
+    ``WAIT_SLICE``, lrl's own; 0: at once).
     ``trace``: a list to append ``[time, decoding, tool, in flight, paused in flight]`` (all workers) at every
     event of the load model.
     Keys: ``time``, ``episodes_per_s`` (trained per second), ``step_ends`` (seconds), ``step_trained``
@@ -118,6 +129,13 @@ def simulate_board(
         durs = [float(d) for d in durations]
         if not durs or any(not math.isfinite(d) or d < 0 for d in durs):
             raise ValueError("durations: need a non-empty list of finite seconds >= 0")
+    slice_s = WAIT_SLICE if wait_slice is None else float(wait_slice)
+    if slice_s < 0 or not math.isfinite(slice_s):
+        raise ValueError("wait_slice: seconds >= 0")
+    if sync_before or not load:
+        slice_s = 0.0  # the synchronous stream starts its episodes itself; durations have no tool waits
+    if release not in ("group", "episode"):
+        raise ValueError("release: 'group' or 'episode'")
     if co_run < 1.0 or not math.isfinite(co_run):
         raise ValueError("co_run: a slowdown >= 1")
     G, E, eta = groups_per_batch, group_size, max_staleness
@@ -159,18 +177,22 @@ def simulate_board(
                     for _ in range(E):
                         pool[w].queue.append(group)
                 pool[w].held += len(unit) * E
+                if unit and slice_s and pool[w].engine.blocked() and pool[w].gate <= t:
+                    pool[w].gate = pool[w].engine.wake_after(t, slice_s)  # the message finds it waiting
             issued_batches += 1
 
     def admit(now: float) -> None:
         nonlocal started
         for worker in pool:
+            if slice_s and worker.engine.asleep(now, slice_s):
+                continue  # blocked on its tools' answers: it sees the board and its messages later
             newer = worker.version < version  # a newer version is on the board
             if newer and now >= worker.paused_until and (interrupt or not worker.running):
                 switch(worker, now)
                 newer = False
             if now < worker.paused_until or (newer and not interrupt):
                 continue  # loading weights, or draining: start nothing until the episodes in flight are done
-            while worker.queue and len(worker.running) < worker.slots:
+            while worker.queue and len(worker.running) < worker.slots and now >= worker.gate:
                 group = worker.queue.popleft()
                 if load:
                     ep = _Episode(started, group, 0.0, now, math.inf, worker.version)
@@ -272,6 +294,11 @@ def simulate_board(
                 wk.engine.paused = t < wk.paused_until
                 wk.engine.factor = co_run if training_until is not None else 1.0
                 t_next = min(t_next, wk.engine.next_time(t))
+                pending = (wk.queue and len(wk.running) < wk.slots) or wk.version < version
+                if slice_s and pending and wk.engine.asleep(t, slice_s):
+                    t_next = min(t_next, wk.engine.wake(t, slice_s))
+                if wk.queue and wk.gate > t:
+                    t_next = min(t_next, wk.gate)
         if t_next == math.inf:
             raise RuntimeError("the simulated pipeline stalled: nothing runs, trains or loads")
         for wk in pool:
@@ -287,13 +314,17 @@ def simulate_board(
         t = t_next
         for _, index, w in ended(t):
             ep = pool[w].running.pop(index)
+            if release == "episode":
+                pool[w].held -= 1
             launched.append(ep.end - ep.start)
             group_episodes[ep.group].append(ep)
             group_left[ep.group] -= 1
             if not group_left[ep.group]:  # the controller hears of a group when its last episode ends
                 del group_left[ep.group]
                 finished.append(ep.group)
-                pool[group_worker.pop(ep.group)].held -= E
+                held_by = pool[group_worker.pop(ep.group)]
+                if release == "group":
+                    held_by.held -= E
         if training_until is not None and training_until <= t:
             training_until = None
             version += 1

@@ -106,7 +106,7 @@ def parse_turns(episodes) -> list[list[tuple[int, float]]]:
 class LoadEngine:
     """One worker's engine and tools under the load model; the board's loop drives it (lrl.sim.board)."""
 
-    __slots__ = ("curve", "factor", "steps", "decoding", "dheap", "theap", "tools", "paused")
+    __slots__ = ("curve", "factor", "steps", "decoding", "dheap", "theap", "tools", "paused", "block_from")
 
     def __init__(self, curve: EngineCurve):
         self.curve = curve
@@ -117,6 +117,7 @@ class LoadEngine:
         self.theap: list[tuple[float, int, object]] = []  # (time the tool answers, episode, episode)
         self.tools = 0  # episodes waiting for a tool
         self.paused = False
+        self.block_from = 0.0  # when the worker's current wait for tool answers began (see asleep)
 
     def step_seconds(self) -> float:
         return self.curve.seconds(len(self.decoding)) * self.factor
@@ -161,9 +162,12 @@ class LoadEngine:
                 ep = self.decoding.pop(index)
                 ep.tokens.append((ep.cur_version, target - ep.began))  # since its start or the last switch
                 self._to_tool(ep, now, version)
+                if not self.decoding:
+                    self.block_from = now  # nothing left to decode: the worker waits for answers from now
             elif self.theap and self.theap[0][0] <= now:
                 _, _, ep = heapq.heappop(self.theap)
                 self.tools -= 1
+                self.block_from = now  # an answer ends the wait; the next one starts afresh
                 ep.turn += 1
                 if self.begin_turn(ep, now, version):
                     ep.end = now
@@ -180,6 +184,30 @@ class LoadEngine:
             ep.began = self.steps
             ep.cur_version = version
             ep.switches.append((now, version))
+
+    # A worker whose episodes all wait on tools blocks on their answers, a slice at a time (lrl.envs.workers
+    # WAIT_SLICE); it sees new work and new weights only when an answer comes or a slice ends.
+    def blocked(self) -> bool:
+        return not self.decoding and self.tools > 0
+
+    def asleep(self, now: float, wait_slice: float) -> bool:
+        if not wait_slice or not self.blocked():
+            return False
+        elapsed = now - self.block_from
+        k = round(elapsed / wait_slice)
+        return abs(elapsed - k * wait_slice) > 1e-9 * max(1.0, now)
+
+    def wake(self, now: float, wait_slice: float) -> float:
+        """When a worker asleep at `now` next looks at its messages: the next answer or the end of a slice."""
+        elapsed = now - self.block_from
+        boundary = self.block_from + wait_slice * math.ceil(elapsed / wait_slice - 1e-12)
+        return min(boundary, self.theap[0][0]) if self.theap else boundary
+
+    def wake_after(self, now: float, wait_slice: float) -> float:
+        """When a worker blocked at `now` first looks at a message that reaches it just after `now`."""
+        elapsed = now - self.block_from
+        boundary = self.block_from + wait_slice * (math.floor(elapsed / wait_slice + 1e-12) + 1)
+        return min(boundary, self.theap[0][0]) if self.theap else boundary
 
     def counts(self) -> tuple[int, int]:
         return len(self.decoding), self.tools

@@ -92,3 +92,19 @@ def test_a_prediction_from_a_calibration_uses_nothing_of_the_predicted_run():
     assert p["staleness_max"] == 0 and p["staleness_hist"] == [1.0]
     with pytest.raises(ValueError, match="finished_turns"):
         run_part([{"time/end": 0.0}])
+
+
+def test_finished_episodes_of_an_unfinished_group_keep_their_room():
+    # lrl's controller hears of a group, not an episode: a batch of 8 x 8 on 64 slots with long-tailed episodes
+    # can issue its next unit only once whole groups are back, so fewer slots are busy than if each ended
+    # episode freed its room at once (the rule this simulator had before, kept as release="episode")
+    import random
+
+    rng = random.Random(0)
+    durations = [rng.lognormvariate(-1.0, 1.0) for _ in range(4000)]
+    group = simulate_board(durations, 64, 8, 8, 0.3, 0.0, 2, True, 20, drop=False)
+    episode = simulate_board(durations, 64, 8, 8, 0.3, 0.0, 2, True, 20, drop=False, release="episode")
+    assert group["slot_util"] < 0.9 * episode["slot_util"]
+    assert group["episodes_per_s"] < 0.9 * episode["episodes_per_s"]
+    with pytest.raises(ValueError, match="release"):
+        simulate_board(durations, 64, 8, 8, 0.3, 0.0, release="task")

@@ -87,3 +87,25 @@ def test_the_co_run_slowdown_slows_decoding_while_the_trainer_trains():
     alone = simulate_board(None, 1, 1, 1, 2.0, 0.0, 1, True, 3, turns=turns, engine=flat)
     shared = simulate_board(None, 1, 1, 1, 2.0, 0.0, 1, True, 3, turns=turns, engine=flat, co_run=2.0)
     assert shared["time"] > alone["time"]
+
+
+def test_a_worker_waiting_on_its_tools_sees_new_work_at_the_end_of_its_slice():
+    # A = 1 token; B = 1 token, then a 1 s tool. Steps of 0.01 s, training 0.25 s, bound 1, slots 2, batches
+    # of one episode. A ends at 0.01 and trains to 0.26; from 0.01 the worker only waits on B's tool, in
+    # slices of 0.1 s, so the batch issued at 0.26 (and version 1) reach it at 0.31: the third episode (A
+    # again) decodes 0.31-0.32 and trains to 0.57. A worker that looked at once would have it done by 0.52.
+    flat = EngineCurve.linear(0.01, 0.0)
+    turns = [[[1, 0.0]], [[1, 1.0]]]
+    kw = dict(turns=turns, engine=flat, drop=False)
+    sliced = simulate_board(None, 2, 1, 1, 0.25, 0.0, 1, True, 2, wait_slice=0.1, **kw)
+    at_once = simulate_board(None, 2, 1, 1, 0.25, 0.0, 1, True, 2, wait_slice=0.0, **kw)
+    assert sliced["step_ends"] == pytest.approx([0.26, 0.57])
+    assert at_once["step_ends"] == pytest.approx([0.26, 0.52])
+    assert sliced["staleness_hist"] == pytest.approx([1.0])  # it started on version 1, seen at the same wake
+
+
+def test_the_simulators_wait_slice_is_the_workers():
+    from lrl.envs.workers import WAIT_SLICE
+    from lrl.sim.board import WAIT_SLICE as SIMULATED
+
+    assert SIMULATED == WAIT_SLICE
