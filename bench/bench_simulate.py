@@ -84,6 +84,40 @@ def compare(pool: torch.Tensor, slots: int, steps: int, eta: int) -> bool:
     return True
 
 
+def draw_turns(n: int, seed: int) -> list[list[tuple[int, float]]]:
+    """`n` agent episodes as turns: 1-4 turns of 20-60 tokens, each followed by a log-normal tool (median 2 s)."""
+    import random
+
+    rng = random.Random(seed)
+    return [
+        [(rng.randint(20, 60), 2.0 * rng.lognormvariate(0.0, 1.0)) for _ in range(rng.randint(1, 4))]
+        for _ in range(n)
+    ]
+
+
+def load_rows(slot_counts: list[int], steps: int, eta: int, seed: int, group: int = 8) -> None:
+    """The board simulator's load model (lrl.sim.load) at each slot count: batch = slots in groups of `group`,
+    turns cycled from a pool of 65,536 episodes, a step of 20 ms + 50 us per episode decoding, 60 s train."""
+    from lrl.sim.board import simulate_board
+    from lrl.sim.load import EngineCurve
+
+    pool = draw_turns(65_536, seed)
+    curve = EngineCurve.linear(0.02, 5e-5)
+    print(
+        f"\nload model (lrl.sim.load): {steps} steps, batch = slots in groups of {group}, eta {eta}, partial"
+    )
+    print(" | ".join(f"{c:>12}" for c in ("slots", "episodes", "s", "episodes/s", "us/episode")))
+    for slots in slot_counts:
+        start = time.perf_counter()
+        r = simulate_board(
+            None, slots, group, max(slots // group, 1), 60.0, 10.0, eta, True, steps, drop=False,
+            turns=pool, engine=curve,
+        )  # fmt: skip
+        took = time.perf_counter() - start
+        cells = (f"{slots:>12,}", f"{r['started']:>12,}", f"{took:>12.2f}", f"{r['started'] / took:>12,.0f}")
+        print(" | ".join(cells) + f" | {took / r['started'] * 1e6:>12.2f}", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -104,6 +138,13 @@ def main() -> int:
         "--memory", action="store_true", help="also measure the peak Python heap (slow: tracemalloc)"
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (the simulator runs on one core)")
+    p.add_argument(
+        "--load-slots",
+        type=int,
+        nargs="*",
+        default=[64, 1024, 16384, 65536, 262144, 1048576],
+        help="slots of the load model's rows (none: skip them)",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -135,6 +176,8 @@ def main() -> int:
             f"{peak_mib(durations, slots, args.steps, args.eta):>10.1f}" if args.memory else f"{'-':>10}",
         )
         print(" | ".join(cells), flush=True)
+    if args.load_slots:
+        load_rows(args.load_slots, args.steps, args.eta, args.seed)
     return 0 if same else 1
 
 
