@@ -162,10 +162,11 @@ def simulate_board(
     trained_seconds = 0.0
     launched: list[float] = []
 
+    units = [list(range(w, G, workers)) for w in range(workers)]  # each worker's groups of a batch
+
     def issue() -> None:
         nonlocal issued_batches
         while issued_batches < version + 1 + eta:
-            units = [list(range(w, G, workers)) for w in range(workers)]
             if any(pool[w].held + len(u) * E > capacity for w, u in enumerate(units) if u):
                 return
             for w, unit in enumerate(units):
@@ -272,7 +273,8 @@ def simulate_board(
             while wk.ends and wk.ends[0][0] <= now:
                 end, index = heapq.heappop(wk.ends)
                 out.append((end, index, w))
-        out.sort()
+        if len(out) > 1:
+            out.sort()
         return out
 
     if sync_before:

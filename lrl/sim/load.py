@@ -106,7 +106,18 @@ def parse_turns(episodes) -> list[list[tuple[int, float]]]:
 class LoadEngine:
     """One worker's engine and tools under the load model; the board's loop drives it (lrl.sim.board)."""
 
-    __slots__ = ("curve", "factor", "steps", "decoding", "dheap", "theap", "tools", "paused", "block_from")
+    __slots__ = (
+        "curve",
+        "factor",
+        "steps",
+        "decoding",
+        "dheap",
+        "theap",
+        "tools",
+        "paused",
+        "block_from",
+        "_cost",
+    )
 
     def __init__(self, curve: EngineCurve):
         self.curve = curve
@@ -118,9 +129,15 @@ class LoadEngine:
         self.tools = 0  # episodes waiting for a tool
         self.paused = False
         self.block_from = 0.0  # when the worker's current wait for tool answers began (see asleep)
+        self._cost = (-1, 0.0, 0.0)  # (episodes decoding, factor) -> seconds, of the last call
 
     def step_seconds(self) -> float:
-        return self.curve.seconds(len(self.decoding)) * self.factor
+        b, factor, sec = self._cost
+        if b != len(self.decoding) or factor != self.factor:
+            b, factor = len(self.decoding), self.factor
+            sec = self.curve.seconds(b) * factor
+            self._cost = (b, factor, sec)
+        return sec
 
     def next_time(self, now: float) -> float:
         t = self.theap[0][0] if self.theap else INF
