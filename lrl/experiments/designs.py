@@ -345,10 +345,11 @@ def total_variation(p: list[float], q: list[float]) -> float:
     return 0.5 * sum(abs(a - b) for a, b in zip(p, q))
 
 
-def summarise(runs: list[dict], drop: bool, cal: dict | None = None) -> list[dict]:
+def summarise(runs: list[dict], drop: bool, cal=None) -> list[dict]:
     """One object per design: medians over repeats of what was measured and what was predicted (from the
     calibration `cal` by the load model; without one, from each run's own episode times by the duration model,
-    the way this experiment was first checked, kept beside it as ``inrun_*``)."""
+    the way this experiment was first checked, kept beside it as ``inrun_*``). `cal` may also be a function of
+    a run's repeat (its seed) that returns its calibration."""
     rows = []
     for design in DESIGNS:
         mine = [r for r in runs if r["design"] == design]
@@ -356,7 +357,8 @@ def summarise(runs: list[dict], drop: bool, cal: dict | None = None) -> list[dic
             continue
         m = [measured(r) for r in mine]
         inrun = [predicted(r, drop) for r in mine]
-        p = [predicted_from(r, drop, cal) for r in mine] if cal is not None else inrun
+        calibration = cal if callable(cal) or cal is None else (lambda _r, c=cal: c)
+        p = [predicted_from(r, drop, calibration(r["repeat"])) for r in mine] if cal is not None else inrun
         rows.append(
             {
                 "design": design,
@@ -432,7 +434,13 @@ def main(args, extra: list[str]) -> int:
                     "slots": slots,
                 }
             )
-    cal = load_calibration(args.predict_from) if getattr(args, "predict_from", None) else None
+    cal = None
+    source = getattr(args, "predict_from", None)
+    if source and "{seed}" in source:  # one calibration per seed: the same frozen policy at another size
+        cache: dict = {}
+        cal = lambda seed: cache.setdefault(seed, load_calibration(source.format(seed=seed)))  # noqa: E731
+    elif source:
+        cal = load_calibration(source)
     rows = summarise(runs, drop, cal)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         "--predict-from",
         default=None,
         metavar="FILE",
-        help="with --designs: predict from this calibration (lrl.experiments.engine_cost's JSON), not the runs",
+        help="with --designs: predict from this calibration (lrl.experiments.engine_cost's JSON), not the runs; "
+        "{seed} in the name takes each run's own seed's calibration",
     )
     p.add_argument(
         "--out", default=None, help="folder for runs, histories, table.md, plot (default results/pipeline)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lrl.experiments.calibrate import (
@@ -70,3 +72,21 @@ def test_the_simulator_predicts_a_trainer_bound_run(eta):
     assert cell["tv"] == pytest.approx(0.0, abs=1e-12)
     slower = compare(run, TRAIN, HANDOFF, slowdown=1.5, steps=30)["predicted"]
     assert slower == pytest.approx(expected if eta == 0 else 1 / (1.5 * TRAIN + HANDOFF), rel=1e-6)
+
+
+def test_the_engine_benchmark_times_steps_by_the_episodes_they_decode(tmp_path):
+    from lrl.experiments.engine_cost import engine_curve, main
+
+    curve = engine_curve(
+        ["--tool-latency", "lognormal:0.01:0", "--threads", "1"], slots=(1, 3), episodes_per_slot=2
+    )
+    assert curve["points"] and all(1 <= b <= 3 and s > 0 for b, s in curve["points"])
+    assert set(curve["per_slots"]) == {1, 3} and curve["per_slots"][3]["mean_decoding"] <= 3
+    assert curve["switch_s"] > 0
+    # a calibration file needs a run with turns
+    history = tmp_path / "h.jsonl"
+    history.write_text('{"time/end": 1.0, "time/sample": 0.5}\n')
+    engine = tmp_path / "engine.json"
+    engine.write_text(json.dumps({"engine": curve, "co_run": {"slowdown": 1.0}}))
+    with pytest.raises(ValueError, match="finished_turns"):
+        main(["--engine", str(engine), "--run", str(history), "--json", str(tmp_path / "cal.json")])
