@@ -231,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with a turn trace: episodes per task (the trainer's unit)",
     )
+    g.add_argument(
+        "--workers",
+        type=int_in(1, 4096),
+        default=1,
+        help="with a turn trace: rollout workers, each with --plan-slots slots and its own engine",
+    )
     g = p.add_argument_group("one configuration (--single)")
     g.add_argument("--single", action="store_true", help="simulate one configuration instead of the tables")
     g.add_argument(
@@ -405,7 +411,7 @@ def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             "group": args.group,
         }
         settings = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
-        rows = turns.plan_turns(trace, slots, args.bounds, args.steps, engine, **given)
+        rows = turns.plan_turns(trace, slots, args.bounds, args.steps, engine, args.workers, **given)
     except TraceError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2

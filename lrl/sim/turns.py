@@ -125,10 +125,10 @@ def read_turn_trace(path: str) -> TurnTrace:
 
 
 def plan_turns(
-    trace: TurnTrace, slots: list[int], bounds: list[int], steps: int, engine=None, **given
+    trace: TurnTrace, slots: list[int], bounds: list[int], steps: int, engine=None, workers: int = 1, **given
 ) -> list:
-    """Every design at every slot count -> rows. `given` (train_s, sync_s, batch, group, co_run) overrides the
-    trace; `engine` (an EngineCurve) too."""
+    """Every design at every slot count (per worker, on `workers` workers, each its own engine) -> rows.
+    `given` (train_s, sync_s, batch, group, co_run) overrides the trace; `engine` (an EngineCurve) too."""
     from lrl.sim.board import simulate_board
 
     s = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
@@ -156,11 +156,12 @@ def plan_turns(
             r = simulate_board(
                 None, n, group, batch // group, float(s["train_s"]) * (1.0 if sync else co),
                 float(s.get("sync_s", 0.0)), eta, interrupt, steps, drop=False, sync_before=sync,
-                turns=trace.episodes, engine=curve, co_run=1.0 if sync else co,
+                workers=workers, turns=trace.episodes, engine=curve, co_run=1.0 if sync else co,
             )  # fmt: skip
             rows.append(
                 {
                     "slots": n,
+                    "workers": workers,
                     "design": name,
                     "max_staleness": eta,
                     "episodes_per_s": r["episodes_per_s"],
@@ -186,11 +187,11 @@ def turn_lines(trace: TurnTrace, rows: list[dict], settings: dict) -> list[str]:
         f"{tokens / turns:.1f} tokens and {tool / turns:.3f} tool s a turn",
         "settings: " + ", ".join(f"{k} {v:g}" for k, v in sorted(settings.items())),
         "",
-        f"{'slots':>6} | {'design':<24} | {'episodes/s':>10} | {'slot util':>9} | staleness mean, max",
+        f"{'slots':>6} x {'workers':<7} | {'design':<24} | {'episodes/s':>10} | {'slot util':>9} | staleness mean, max",
     ]
     for r in rows:
         out.append(
-            f"{r['slots']:>6} | {r['design']:<24} | {r['episodes_per_s']:10.3f} | {r['slot_utilization']:9.2f} | "
+            f"{r['slots']:>6} x {r['workers']:<7} | {r['design']:<24} | {r['episodes_per_s']:10.3f} | {r['slot_utilization']:9.2f} | "
             f"{r['staleness_mean']:.2f}, {r['staleness_max']}" + (" *" if r["cycled"] else "")
         )
     if any(r["cycled"] for r in rows):
