@@ -351,8 +351,10 @@ def write_figures(durations: torch.Tensor, setup: Setup, args: argparse.Namespac
 
 def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """--trace: the planner's table (and --json). A trace that cannot be used is one line and status 2."""
-    from lrl.sim import planner
+    from lrl.sim import planner, turns
 
+    if turns.is_turn_trace(args.trace) and not (args.single or args.extra):
+        return run_turn_trace(args, parser)
     if args.single or args.extra or args.plot:
         parser.error("--trace plans from a trace; it does not combine with --single, --extra or --plot")
     if args.json:
@@ -360,10 +362,6 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         for problem in check_output("--json", args.json, "file"):
             parser.error(problem)
-    from lrl.sim import turns
-
-    if turns.is_turn_trace(args.trace):
-        return run_turn_trace(args, parser)
     options = {
         "slots": args.slots,
         "batch": args.batch_size,
@@ -419,6 +417,12 @@ def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         print(f"{parser.prog}: error: {args.trace}: {err}", file=sys.stderr)
         return 2
     print("\n".join(turns.turn_lines(trace, rows, settings)))
+    if args.plot:
+        from lrl.runs import check_output
+
+        for problem in check_output("--plot", args.plot, "dir"):
+            parser.error(problem)
+        print(f"wrote {turns.plot_plan(rows, args.trace, args.plot)}")
     if args.json:
         import json
 

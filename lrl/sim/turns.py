@@ -197,3 +197,34 @@ def turn_lines(trace: TurnTrace, rows: list[dict], settings: dict) -> list[str]:
     if any(r["cycled"] for r in rows):
         out += ["", f"* needed more episodes than the trace's {len(eps):,}: they were used again in order"]
     return out
+
+
+def plot_plan(rows: list[dict], name: str, folder: str) -> str:
+    """Episodes per second and mean staleness against the slots, one line per design -> the PNG's path."""
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    designs = list(dict.fromkeys(r["design"] for r in rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for d in designs:
+        mine = [r for r in rows if r["design"] == d]
+        xs = [r["slots"] * r["workers"] for r in mine]
+        left.plot(xs, [r["episodes_per_s"] for r in mine], "o-", label=d)
+        right.plot(xs, [r["staleness_mean"] for r in mine], "o-", label=d)
+    for ax, what in ((left, "trained episodes per second"), (right, "mean token staleness (versions)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("slots (all workers)")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    fig.suptitle(f"plan from {os.path.basename(name)}", fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(folder, "plan.png")
+    os.makedirs(folder, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

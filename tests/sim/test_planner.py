@@ -215,6 +215,10 @@ def test_a_turn_trace_plans_each_design_at_each_slot_count(tmp_path):
     assert sync["episodes_per_s"] == pytest.approx(4 / (0.2 + 1.0 + 0.5))  # the trainer's first step included
     assert rows[(2, "synchronous")]["episodes_per_s"] < sync["episodes_per_s"]  # 2 slots: two waves a batch
     assert rows[(4, "async bound 1, partial")]["episodes_per_s"] > sync["episodes_per_s"]
+    assert (
+        main(["--trace", str(trace), "--plan-slots", "2", "4", "--steps", "3", "--plot", str(tmp_path)]) == 0
+    )
+    assert (tmp_path / "plan.png").stat().st_size > 0
 
 
 def test_a_turn_trace_without_an_engine_says_how_to_give_one(tmp_path, capsys):
