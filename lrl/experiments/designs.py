@@ -158,6 +158,12 @@ def measured(run: dict) -> dict:
     }
 
 
+def window_rate(sim: dict) -> float:
+    """A simulation's trained episodes per second, taken as a run's are: after step SKIP, to the last step."""
+    ends = sim["step_ends"]
+    return sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
+
+
 def predicted(run: dict, drop: bool) -> dict:
     """The simulator's prediction of a run from the run's own measured durations, trainer time and loads."""
     from lrl.sim.board import simulate_board
@@ -178,10 +184,8 @@ def predicted(run: dict, drop: bool) -> dict:
         drop=drop,
         sync_before=sync,
     )
-    ends = sim["step_ends"]
-    window = ends[-1] - ends[SKIP]
     return {
-        "episodes_per_s": sum(sim["step_trained"][SKIP + 1 :]) / window,
+        "episodes_per_s": window_rate(sim),
         "slot_util": sim["slot_util"],
         "staleness_mean": sim["staleness_mean"],
         "staleness_max": sim["staleness_max"],
@@ -240,8 +244,7 @@ def predicted_from(run: dict, drop: bool, cal: dict) -> dict:
             engine=curve,
             co_run=slow,
         )
-        ends = sim["step_ends"]
-        sim["episodes_per_s"] = sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
+        sim["episodes_per_s"] = window_rate(sim)
         sims.append(sim)
     mean = lambda key: statistics.fmean(s[key] for s in sims)  # noqa: E731
     width = max(len(s["staleness_hist"]) for s in sims)

@@ -32,6 +32,7 @@ from lrl.experiments.designs import (
     load_calibration,
     measured,
     predicted_from,
+    window_rate,
 )
 from lrl.experiments.workload import GROUP, GROUPS, SKIP, SLOTS, durations, switch_seconds, trainer_seconds
 
@@ -140,16 +141,12 @@ def decomposition(runs: list[dict], drop: bool, cal: dict) -> list[dict]:
         sync = bool(spec.get("sync"))
         m = measured(run)["episodes_per_s"]
 
-        def rate(sim) -> float:
-            ends = sim["step_ends"]
-            return sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
-
         args = (run.get("slots", SLOTS), GROUP, GROUPS, trainer_seconds(h, sync), switch_seconds(h))
         args += (spec["eta"], spec["interrupt"], len(h))
         for release in ("episode", "group"):
             sim = simulate_board(durations(h), *args, drop=drop, sync_before=sync, release=release)
             rows.setdefault(f"duration model, own episode times, freed per {release}", []).append(
-                rate(sim) / m - 1
+                window_rate(sim) / m - 1
             )
         own = dict(cal, runs=[run_part(h)])
         alone = dict(own, co_run={"slowdown": 1.0})
