@@ -346,16 +346,16 @@ def test_a_folder_without_both_splits_and_the_command_line_say_one_line(tmp_path
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-def test_a_short_learning_run_counts_every_sandbox_run(tmp_path):
+def short_run(tmp_path, *args: str) -> list[dict]:
+    """A codefix training run on the shipped tasks -> its history; every step's sandbox runs add up."""
     history = tmp_path / "h.jsonl"
-    args = ["--env", "codefix", "--max-steps", "3", "--episodes-per-task", "8", "--eval-episodes", "1"]
+    args = ("--env", "codefix", "--eval-episodes", "1", *args)
     out = train(
         *args, "--progress", "false", "--history-file", str(history), "--log-dir", str(tmp_path / "r")
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "sandbox: " in out.stderr  # the level in force, in the run's first lines
     steps = history_lines(history)
-    assert len(steps) == 3
     for h in steps:  # every test and submit was one real process (no retries happened)
         assert h["env/sandbox_runs"] == h["env/tests"] + h["env/submits"] + h["env/retries"] > 0, h
         agent = sum(h[f"env/verdict_{k}"] for k in harness.AGENT_KINDS)
@@ -363,9 +363,21 @@ def test_a_short_learning_run_counts_every_sandbox_run(tmp_path):
             agent + sum(h[f"env/infra_{k}"] for k in harness.INFRA_KINDS)
             == h["env/sandbox_runs"] - h["env/retries"]
         )
+    return steps
+
+
+@pytest.mark.slow
+def test_a_short_learning_run_learns_to_test(tmp_path):
+    steps = short_run(tmp_path, "--max-steps", "3", "--episodes-per-task", "8")
+    assert len(steps) == 3
     assert steps[-1]["train/tests"] > steps[0]["train/tests"], [
         h["train/tests"] for h in steps
     ]  # it learns to test
+
+
+def test_a_short_run_counts_every_sandbox_run_and_logs_the_tool_times(tmp_path):
+    steps = short_run(tmp_path, "--max-steps", "2", "--tasks-per-step", "2", "--episodes-per-task", "4")
+    assert len(steps) == 2
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(next((tmp_path / "r").rglob("events.out.tfevents.*")).parent)).Reload()
