@@ -312,6 +312,24 @@ class Rollout:
         out, self.timeline = self.timeline, []
         return out
 
+    def abort(self, keep: Callable[[Episode], bool]) -> list[Episode]:
+        """Stop every episode in flight that `keep` rejects, at this token boundary -> those episodes (as far as
+        they got). Their tool calls in flight are forgotten (a thread still running finishes on its own and is
+        not answered), their decoder state is released, and they never end: the caller starts their tasks again."""
+        self._account()
+        stopped = [k for k, s in self.slots.items() if not keep(s.episode)]
+        out = []
+        for key in stopped:
+            slot = self.slots.pop(key)
+            self.tools.forget(key)
+            if isinstance(self.decoder, TurnEngine) and key in self.decoder.running:
+                self.decoder.abort([key])
+            self.decoder.release([key])
+            slot.episode.seconds = time.monotonic() - slot.started
+            out.append(slot.episode)
+        self._account()
+        return out
+
     # -- weights and hand-over ------------------------------------------------------------------------
     def switch(self, version: int) -> None:
         """The decoder's weights changed (to `version`) at this token boundary: later tokens are tagged with it,

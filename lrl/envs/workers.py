@@ -117,6 +117,10 @@ class InlineTools:
             out.append((key, result, time.perf_counter() - start))
         return out
 
+    def forget(self, key: int) -> None:
+        """Drop a submitted step that has not run (its episode was stopped)."""
+        self.calls = [c for c in self.calls if c[0] != key]
+
     def state(self) -> list:
         return [{"key": key, "remaining": 0.0, "times_out": False} for key, _, _ in self.calls]
 
@@ -196,6 +200,11 @@ class ThreadTools:
             call.result = result if result is not None else failure("tool_error", "the tool's thread ended")
             call.finished.set()
             self.answers.put(call.key)
+
+    def forget(self, key: int) -> None:
+        """Stop waiting for a step (its episode was stopped): it is never answered; a thread still running it
+        finishes on its own, as a timed-out one does."""
+        self.calls.pop(key, None)
 
     def next_due(self) -> float:
         """The logical time of the next answer due (inf with none pending)."""

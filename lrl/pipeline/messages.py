@@ -96,6 +96,8 @@ class WorkerStats:
     ready: float = 0.0  # slot-seconds of episodes whose tool answered, waiting for the engine's next step
     tool: float = 0.0  # slot-seconds of episodes waiting for their tool
     paused: float = 0.0  # slot-seconds of episodes in flight while the worker loaded weights
+    aborted: int = 0  # episodes stopped past the staleness bound and started again (--stale-policy abort)
+    aborted_tokens: int = 0  # the action tokens those episodes had decoded (never trained)
 
 
 @dataclass

@@ -35,6 +35,7 @@ class Mode:
             "tool": 0.0,
             "paused": 0.0,
         }  # the same, by state
+        self._abort_checked = -1  # the trainer version abort_stale last looked at
         self._capacity_seconds = 0.0
         self._capacity_since = time.monotonic()
 
@@ -99,6 +100,28 @@ class Mode:
             tasks = [self.worker.tasks[task] for _, _, task in starting]
             self.rollout.add(tasks, tags=[(serial, j) for serial, j, _ in starting])
         return n
+
+    def abort_stale(self, version: int) -> int:
+        """``--stale-policy abort``: stop every episode in flight that can no longer be trained within the bound
+        (the trainer is at `version` or later when it takes it, so an action token older than ``version -
+        max_staleness`` is past the bound for good) and put its task first in line, to start again on the
+        newest weights -> how many were stopped. What they had decoded is counted as aborted work."""
+        if version <= self._abort_checked:
+            return 0
+        self._abort_checked = version
+        oldest = version - self.cfg.max_staleness
+
+        def trainable(episode) -> bool:
+            return all(v >= oldest for v, g in zip(episode.version, episode.generated) if g)
+
+        stopped = self.rollout.abort(trainable)
+        for episode in reversed(stopped):
+            serial, j = episode.tag
+            self.waiting.appendleft((serial, j, self.groups.tasks[serial]))
+        stats = self.worker.stats
+        stats.aborted += len(stopped)
+        stats.aborted_tokens += sum(sum(e.generated) for e in stopped)
+        return len(stopped)
 
     def finished(self, episodes) -> None:
         for episode in episodes:
