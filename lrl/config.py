@@ -18,6 +18,7 @@ from lrl.options import MAX_INT, check_field, expand_path, import_plugins, optio
 from lrl.registry import BACKENDS, CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, load_builtins
 
 ASYNC = {"pipeline": "async"}  # options of the asynchronous pipeline alone (option(..., when=ASYNC))
+STALE_POLICIES = ("drop", "mask", "abort", "oldest-first")  # --stale-policy (lrl.pipeline.stale)
 
 
 @dataclass
@@ -169,6 +170,15 @@ class Config:
         True,
         "drop episodes older than max_staleness when the trainer takes them (false: the throttle alone)",
         when=ASYNC,
+    )
+    stale_policy: str = option(
+        "drop",
+        "what happens to work past max_staleness (docs/pipeline.md): drop the episode when the trainer takes it; "
+        "mask its over-stale tokens (no gradient) and train the rest; abort it in the worker once it can no "
+        "longer be trained within the bound and start its task again; oldest-first: take the finished groups "
+        "closest to the bound first (then drop)",
+        choices=STALE_POLICIES,
+        when={**ASYNC, "staleness_drop": True},
     )
     rollout_backend: str = option(
         "local",

@@ -74,4 +74,6 @@ def pipeline_metrics(
         **occupancy(workers),
         "pipeline/restarts": float(workers.restarts),
         "pipeline/lost": float(workers.lost),
+        "pipeline/aborted": float(workers.aborted),
+        "pipeline/aborted_tokens": float(workers.aborted_tokens),  # folded into decoded and wasted tokens
     }

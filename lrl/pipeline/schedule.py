@@ -8,7 +8,8 @@ sent work only while what it holds fits its slots plus one unit more, so a bound
 never floods a queue.
 
 - :class:`FreeSchedule`: each batch's groups are split round robin into one unit per worker; the trainer takes
-  the oldest *finished* groups, whatever batch they were drawn for.
+  the oldest *finished* groups, whatever batch they were drawn for (``--stale-policy oldest-first``: the finished
+  groups whose oldest action token is oldest, so that those closest to the bound are trained before they pass it).
 - :class:`DeterministicSchedule`: batch ``b`` goes whole to worker ``b mod W`` and starts on version
   ``max(0, b - max_staleness)``; the trainer takes batches in order.
 """
@@ -32,6 +33,7 @@ class _Schedule:
         )  # what a worker may hold: its slots, one unit more
         self.held = [0] * workers  # episodes each worker holds (sent, not yet back)
         self.issued_batches = 0
+        self.oldest_first = False  # take the finished groups with the oldest tokens first (--stale-policy)
 
     def limit(self, version: int) -> int:
         """Batches the throttle lets start by the time the trainer is at `version`."""
@@ -70,10 +72,18 @@ class FreeSchedule(_Schedule):
             self.held[message.worker] -= len(message.episodes)
 
     def take(self) -> list[tuple[int, list]] | None:
-        """The batch's groups, once enough have finished -> [(serial, episodes)], or None (not yet)."""
+        """The batch's groups, once enough have finished -> [(serial, episodes)], or None (not yet): the oldest
+        finished, or with ``oldest_first`` the ones whose oldest action token is oldest (closest to the bound,
+        or past it), in the order they finished among equals."""
         if len(self.ready) < self.groups_per_batch:
             return None
-        return [self.ready.popleft() for _ in range(self.groups_per_batch)]
+        if not self.oldest_first:
+            return [self.ready.popleft() for _ in range(self.groups_per_batch)]
+        ranked = sorted(range(len(self.ready)), key=lambda i: (oldest_tag(self.ready[i][1]), i))
+        chosen = set(ranked[: self.groups_per_batch])
+        taken = [g for i, g in enumerate(self.ready) if i in chosen]
+        self.ready = deque(g for i, g in enumerate(self.ready) if i not in chosen)
+        return sorted(taken, key=lambda g: oldest_tag(g[1]))
 
     @property
     def queued(self) -> int:
@@ -155,10 +165,19 @@ class DeterministicSchedule(_Schedule):
         self.taken = state["taken"]
 
 
+def oldest_tag(episodes: list) -> int:
+    """The version of a group's oldest action token (a group without one sorts last)."""
+    return min((v for e in episodes for v, g in zip(e.version, e.generated) if g), default=1 << 62)
+
+
 def make_schedule(cfg, groups_per_batch: int):
     """The controller's policy for a config."""
     policy = DeterministicSchedule if cfg.deterministic else FreeSchedule
-    return policy(groups_per_batch, cfg.episodes_per_task, cfg.rollout_workers, cfg.max_staleness, cfg.slots)
+    schedule = policy(
+        groups_per_batch, cfg.episodes_per_task, cfg.rollout_workers, cfg.max_staleness, cfg.slots
+    )
+    schedule.oldest_first = cfg.staleness_drop and cfg.stale_policy == "oldest-first"
+    return schedule
 
 
 __all__ = ["DeterministicSchedule", "FreeSchedule", "Group", "make_schedule"]

@@ -62,6 +62,7 @@ class AsyncSource:
         self._durations: list = []
         self._turns: list = []  # [serial, turns] of the episodes ended before the last step
         self._timeline: list = []  # the workers' occupancy samples up to the last step
+        self._carry = self._fresh_carry()  # what groups dropped whole were, until the next batch's ledger
         self.last_time = time.time()
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -151,7 +152,6 @@ class AsyncSource:
         if not self.workers.running:
             self.start()
         start = time.perf_counter()
-        dropped: list[str] = []
         while True:
             self.schedule.issue(version, self._new_groups, self.workers.send)
             groups = self.schedule.take()
@@ -159,10 +159,8 @@ class AsyncSource:
                 self._receive()
                 continue
             batch, info = self._assemble(groups, version, time.perf_counter() - start)
-            info["dropped_ids"] = dropped + info["dropped_ids"]
             if batch is not None:
                 break
-            dropped = info["dropped_ids"]
         if (
             version + 1 >= self.cfg.max_steps
         ):  # the run's last batch: what was started but will not be trained
@@ -179,25 +177,39 @@ class AsyncSource:
         return batch
 
     def _assemble(self, groups: list, version: int, waited: float) -> tuple[Batch | None, dict]:
-        """Drop episodes past the bound, collate the rest, score groups; the step's ledger and metrics."""
-        kept, trained_ids, dropped_ids, dropped_lengths, seconds = [], [], [], [], []
+        """Apply the staleness policy to the groups taken (drop the episodes past the bound, or mask their
+        over-stale tokens), collate the rest, score groups; the step's ledger and metrics. Groups whose every
+        episode was dropped make no batch (None): what they were is carried into the next one's ledger."""
+        policy = self.cfg.stale_policy if self.cfg.staleness_drop else None
+        oldest = version - self.max_staleness  # the oldest version a trained token may have
+        carry = self._carry
+        kept, trained_ids = [], []
         for serial, episodes in groups:
             self.group_task.pop(serial, None)
-            seconds.append(self.schedule.seconds.pop(serial, float("nan")))
+            carry["seconds"].append(self.schedule.seconds.pop(serial, float("nan")))
             for j, episode in enumerate(episodes):
                 eid = f"{self.rank}:{serial * self.episodes_per_group + j}"
                 tags = [v for v, g in zip(episode.version, episode.generated) if g]
-                if self.cfg.staleness_drop and tags and version - min(tags) > self.max_staleness:
-                    dropped_ids.append(eid)
-                    dropped_lengths.append(len(episode.ids))
+                carry["decoded"] += len(tags)
+                if policy not in (None, "mask") and tags and min(tags) < oldest:
+                    carry["dropped_ids"].append(eid)
+                    carry["dropped_lengths"].append(len(episode.ids))
+                    carry["dropped_tokens"] += len(tags)
                     continue
                 kept.append(episode)
                 trained_ids.append(eid)
-        staleness = [version - v for e in kept for v, g in zip(e.version, e.generated) if g]
+        if not kept:
+            return None, {}
+        self._carry = self._fresh_carry()
+        limit = oldest if policy == "mask" else -1  # masked tokens are not trained: not counted
+        staleness = [
+            version - v for e in kept for v, g in zip(e.version, e.generated) if g and v >= limit
+        ]
+        dropped_lengths = carry["dropped_lengths"]
         info = {
             "trained_ids": trained_ids,
-            "dropped_ids": dropped_ids,
-            "time/group_seconds": seconds,  # per group, for calibrating the simulator
+            "dropped_ids": carry["dropped_ids"],
+            "time/group_seconds": carry["seconds"],  # per group, for calibrating the simulator
             "time/episode_seconds": [e.seconds for e in kept],
             "staleness_counts": [staleness.count(k) for k in range(max(staleness, default=-1) + 1)],
             "metrics": self._metrics(waited, kept, dropped_lengths),
@@ -206,13 +218,25 @@ class AsyncSource:
         info["time/finished_seconds"] = self._durations
         info["time/finished_turns"] = self._turns
         info["pipeline/occupancy"] = self._timeline
-        if not kept:
-            return None, info
         batch = score_batch(kept, self.spec, self.cfg)
+        masked = 0.0
+        if policy == "mask":  # over-stale action tokens get no gradient; the advantage is the whole episode's
+            over = (batch["action_mask"] > 0) & (batch["version"] < oldest)
+            batch["action_mask"] = batch["action_mask"] * (~over).float()
+            masked = float(over.sum())
+        metrics = info["metrics"]
+        aborted = metrics.pop("pipeline/aborted_tokens")
+        metrics["pipeline/decoded_tokens"] = float(carry["decoded"] + aborted)  # by the episodes taken, or aborted
+        metrics["pipeline/masked_tokens"] = masked
+        metrics["pipeline/wasted_tokens"] = carry["dropped_tokens"] + aborted + masked  # decoded, never trained
         self.picker.carry_failures(kept)
         if dropped_lengths:
             batch["sampled_length"] = torch.tensor([float(len(e.ids)) for e in kept] + dropped_lengths)
         return batch, info
+
+    @staticmethod
+    def _fresh_carry() -> dict:
+        return {"seconds": [], "decoded": 0, "dropped_ids": [], "dropped_lengths": [], "dropped_tokens": 0}
 
     def _metrics(self, waited: float, kept: list, dropped_lengths: list) -> dict:
         now = time.time()
