@@ -75,13 +75,21 @@ def steps_of(env: str) -> int:
 
 
 def run_flags(
-    design: str, repeat: int, drop: bool, env: str = "tinyagent", slots: int = SLOTS, frozen: bool = False
+    design: str,
+    repeat: int,
+    drop: bool,
+    env: str = "tinyagent",
+    slots: int = SLOTS,
+    frozen: bool = False,
+    policy: str = "drop",
 ) -> list[str]:
     spec = DESIGNS[design]
     base = CODEFIX_FLAGS if env == "codefix" else DESIGN_FLAGS
     flags = [*base, *spec["flags"], "--seed", str(repeat), "--slots", str(slots)]
     if not spec.get("sync"):
         flags += ["--staleness-drop", "true" if drop else "false"]
+        if policy != "drop":
+            flags += ["--stale-policy", policy]
     if frozen:
         flags += ["--freeze-policy", "true"]
     return flags
@@ -96,6 +104,7 @@ def run_once(
     env: str = "tinyagent",
     slots: int = SLOTS,
     frozen: bool = False,
+    policy: str = "drop",
 ) -> dict:
     """One train.py run of a design -> {design, repeat, history, wall_s}; an earlier run's history is reused."""
     name = f"{file_name(design)}-r{repeat}"
@@ -105,7 +114,7 @@ def run_once(
     if not history.exists():
         tmp = history.with_suffix(".partial")
         tmp.unlink(missing_ok=True)
-        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop, env, slots, frozen), *extra]
+        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop, env, slots, frozen, policy), *extra]
         cmd += ["--log-dir", str(out / "runs"), "--run-name", name, "--history-file", str(tmp)]
         done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
         if done.returncode != 0:
@@ -404,7 +413,9 @@ def main(args, extra: list[str]) -> int:
     prefix = "codefix-" if env == "codefix" else ""
     slots = args.slots or SLOTS
     frozen = bool(getattr(args, "freeze_policy", False))
+    policy = getattr(args, "stale_policy", "drop")
     suffix = ("-frozen" if frozen else "") + (f"-s{slots}" if slots != SLOTS else "")
+    suffix += f"-{policy}" if policy != "drop" else ""
     out = Path(args.out or f"results/designs/{prefix}{'hard' if drop else 'throttle'}{suffix}")
     only = [SHORT.get(x, x) for x in (getattr(args, "only", None) or [])]
     unknown = [x for x in only if x not in DESIGNS]
@@ -416,7 +427,7 @@ def main(args, extra: list[str]) -> int:
         first = getattr(args, "first_seed", 0)
         for repeat in range(first, first + args.repeats):
             for design in chosen:
-                run = run_once(design, repeat, drop, out, extra, env, slots, frozen)
+                run = run_once(design, repeat, drop, out, extra, env, slots, frozen, policy)
                 runs.append(run)
                 print(
                     f"  {design:24s} repeat {repeat}: {measured(run)['episodes_per_s']:.2f} episodes/s",

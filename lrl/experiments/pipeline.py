@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from lrl.config import STALE_POLICIES
 from lrl.experiments.calibrate import (
     SKIP,
     async_train_time,
@@ -169,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --designs: the consumer-side drop (false: the throttle alone, the chapter's setting)",
     )
     p.add_argument(
+        "--stale-policy",
+        choices=STALE_POLICIES,
+        default="drop",
+        help="with --designs: train.py --stale-policy of the async designs (runs go to a folder of their own)",
+    )
+    p.add_argument(
         "--env",
         choices=("tinyagent", "codefix"),
         default="tinyagent",
@@ -211,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
 
         args.staleness_drop = args.staleness_drop == "true"
         args.freeze_policy = args.freeze_policy == "true"
+        if args.stale_policy != "drop" and not args.staleness_drop:
+            p.error("--stale-policy applies to the hard bound: it cannot go with --staleness-drop false")
         if args.slots is not None and args.slots < 1:
             p.error("--slots must be at least 1")
         return designs.main(args, args.flags)

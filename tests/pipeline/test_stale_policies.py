@@ -1,0 +1,203 @@
+"""``--stale-policy``: what happens to work past the staleness bound. Every policy keeps the guarantee (no trained
+token staler than ``max_staleness``, checked per token), the ledger stays lossless, and each does what it says:
+``mask`` zeroes exactly the over-stale tokens (and so their gradient), ``drop`` removes their episodes,
+``oldest-first`` takes the groups closest to the bound first, ``abort`` stops an episode in flight once it is past
+the bound and starts its task again."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import quick_cfg, rollout
+from helpers import Tokens, ledger_is_lossless
+
+from lrl.config import STALE_POLICIES
+from lrl.envs.tinyagent import make_tasks
+from lrl.losses import clipped_policy_loss
+from lrl.pipeline.schedule import FreeSchedule, oldest_tag
+from lrl.run import build_run, fit
+
+VERSION, ETA = 5, 1  # the trainer's version in the hand-made batches, and the bound
+
+
+def async_cfg(**kw):
+    base = dict(
+        pipeline="async",
+        max_steps=6,
+        tasks_per_step=4,
+        episodes_per_task=4,
+        minibatches=2,
+        eval_at_start=False,
+        threads=1,
+        slots=16,
+    )
+    return quick_cfg(**{**base, **kw})
+
+
+def retagged(policy, spec, n: int = 4):
+    """n real episodes whose action tokens are re-tagged: the first half of each on VERSION - 3 (past the bound)
+    for an even i, on VERSION - 1 (within it) for an odd one; the rest on VERSION (fresh)."""
+    tasks = make_tasks("train")[:n]
+    episodes = rollout(policy, tasks, spec)
+    for i, episode in enumerate(episodes):
+        actions = [k for k, g in enumerate(episode.generated) if g]
+        assert len(actions) >= 2
+        for k in actions:
+            episode.version[k] = VERSION
+        for k in actions[: len(actions) // 2]:
+            episode.version[k] = VERSION - 3 if i % 2 == 0 else VERSION - 1
+    return episodes
+
+
+def source_for(policy_name: str, model, spec):
+    from lrl.pipeline.source import AsyncSource
+
+    cfg = async_cfg(max_staleness=ETA, stale_policy=policy_name, tasks_per_step=2, episodes_per_task=2)
+    return AsyncSource(cfg, spec, model)
+
+
+def test_mask_gives_no_gradient_to_exactly_the_over_stale_tokens(format_policy, spec):
+    from lrl.batch import collate
+    from lrl.sources.base import score_batch
+
+    episodes = retagged(format_policy, spec)
+    source = source_for("mask", format_policy, spec)
+    try:
+        batch, info = source._assemble([(0, episodes[:2]), (1, episodes[2:])], VERSION, 0.0)
+    finally:
+        source.close()
+    assert info["dropped_ids"] == [] and len(info["trained_ids"]) == 4  # nothing dropped: every episode trains
+    # what collate makes of the episodes' own tags, without the policy
+    plain = collate(episodes, spec.tok.pad_id)
+    over = (plain["action_mask"] > 0) & (plain["version"] < VERSION - ETA)
+    assert over.sum() > 0 and (plain["action_mask"] > 0).sum() > over.sum()
+    expected = plain["action_mask"] * (~over).float()
+    assert torch.equal(batch["action_mask"], expected)  # exactly the over-stale tokens lost their mask
+    metrics = info["metrics"]
+    assert metrics["pipeline/masked_tokens"] == float(over.sum())
+    assert metrics["pipeline/wasted_tokens"] == float(over.sum())
+    assert metrics["pipeline/decoded_tokens"] == float((plain["action_mask"] > 0).sum())
+    counts = info["staleness_counts"]
+    assert len(counts) <= ETA + 1 and sum(counts) == int(expected.sum())  # only trained tokens are counted
+
+    # the clipped loss of the batch: its gradient is zero on every masked token, non-zero on every trained one
+    old = torch.randn(batch["action_mask"].shape)
+    logp = old.clone().requires_grad_(True)
+    loss, _ = clipped_policy_loss(logp, old, torch.ones_like(old), batch["action_mask"])
+    loss.backward()
+    grad = logp.grad
+    assert torch.all(grad[over] == 0)
+    assert torch.all(grad[expected > 0] != 0)
+    # the advantage still comes from the whole episode: the same as without masking
+    assert torch.equal(batch["advantage"], score_batch(episodes, spec, source.cfg)["advantage"])
+
+
+@pytest.mark.parametrize("name", ["drop", "oldest-first", "abort"])
+def test_the_other_policies_drop_an_episode_with_an_over_stale_token(format_policy, spec, name):
+    episodes = retagged(format_policy, spec)
+    source = source_for(name, format_policy, spec)
+    try:
+        batch, info = source._assemble([(0, episodes[:2]), (1, episodes[2:])], VERSION, 0.0)
+    finally:
+        source.close()
+    assert info["dropped_ids"] == ["0:0", "0:2"]  # episodes 0 and 2 hold tokens 3 versions old
+    assert info["trained_ids"] == ["0:1", "0:3"]
+    on = batch["action_mask"].bool()
+    assert int((VERSION - batch["version"][on]).max()) <= ETA
+    dropped = sum(sum(episodes[i].generated) for i in (0, 2))
+    assert info["metrics"]["pipeline/wasted_tokens"] == dropped
+    assert info["metrics"]["pipeline/masked_tokens"] == 0
+
+
+class _Ep:
+    def __init__(self, versions):
+        self.version = versions
+        self.generated = [True] * len(versions)
+
+
+def test_oldest_first_takes_the_groups_closest_to_the_bound():
+    schedule = FreeSchedule(2, 1, 1, 1, 0)
+    schedule.oldest_first = True
+    from lrl.pipeline.messages import GroupDone
+
+    for serial, versions in [(0, [4, 4]), (1, [2, 5]), (2, [3]), (3, [5])]:  # finished in this order
+        schedule.accept(GroupDone(0, serial, [_Ep(versions)], 1.0))
+    taken = schedule.take()
+    assert [s for s, _ in taken] == [1, 2]  # oldest tokens 2 and 3, though 0 finished first
+    assert [s for s, _ in schedule.ready] == [0, 3]  # the rest keep their order
+    assert oldest_tag([_Ep([])]) > 10**9  # a group without action tokens sorts last
+    fifo = FreeSchedule(2, 1, 1, 1, 0)
+    for serial, versions in [(0, [4, 4]), (1, [2, 5])]:
+        fifo.accept(GroupDone(0, serial, [_Ep(versions)], 1.0))
+    assert [s for s, _ in fifo.take()] == [0, 1]  # the default: the order they finished
+
+
+def test_rollout_abort_stops_the_rejected_episodes_and_forgets_their_tools(format_policy, spec):
+    from lrl.decoding import TrainerStyleDecoder
+    from lrl.envs.latency import parse_latency
+    from lrl.envs.workers import ThreadTools
+    from lrl.rollout import Rollout
+
+    tools = ThreadTools(parse_latency("lognormal:0.2:0"), torch.Generator().manual_seed(0))
+    roll = Rollout(
+        TrainerStyleDecoder(format_policy, spec.tok.pad_id),
+        spec,
+        (),
+        torch.Generator().manual_seed(0),
+        lockstep=False,
+        tools=tools,
+    )
+    roll.add(make_tasks("train")[:4], tags=[(0, j) for j in range(4)])
+    while tools.pending < 2:  # some episodes wait for a tool, others may still decode
+        roll.advance()
+    waiting = [k for k, s in roll.slots.items() if s.phase == "tool"]
+    stopped = roll.abort(lambda e: e.tag[1] >= 2)
+    assert sorted(e.tag[1] for e in stopped) == [0, 1]
+    assert all(e.tag[1] >= 2 for e in (s.episode for s in roll.slots.values()))
+    assert all(k not in tools.calls for k in waiting if k not in roll.slots)  # their tool calls are forgotten
+    finished = []
+    while not roll.done:
+        finished += roll.advance()
+    assert sorted(e.tag[1] for e in finished) == [2, 3]  # the stopped ones never end
+
+
+SETTINGS = [(0, "interrupt", 1), (1, "interrupt", 2), (1, "drain", 1), (2, "interrupt", 1), (2, "drain", 2)]
+DEFAULT = {  # one setting each in the default run; the whole grid with -m slow
+    ("drop", 0, "interrupt", 1),
+    ("mask", 1, "interrupt", 2),
+    ("oldest-first", 2, "drain", 2),
+    ("abort", 1, "interrupt", 2),
+}
+GRID = [
+    pytest.param(p, *s, marks=() if (p, *s) in DEFAULT else pytest.mark.slow)
+    for p in STALE_POLICIES
+    for s in SETTINGS
+]
+
+
+@pytest.mark.parametrize("policy, eta, partial, workers", GRID)
+def test_every_policy_keeps_every_trained_token_within_the_bound(format_policy, policy, eta, partial, workers):
+    tokens = Tokens()
+    cfg = async_cfg(
+        max_staleness=eta,
+        rollout_workers=workers,
+        partial_rollouts=partial,
+        stale_policy=policy,
+        tool_latency="lognormal:0.02:2.0",  # heavy tails: stragglers pass the bound
+    )
+    run = build_run(cfg, callbacks=[tokens], logger=False, policy=copy.deepcopy(format_policy))
+    fit(run)
+    history = run.module.history
+    assert tokens.staleness and max(tokens.staleness) <= eta  # per trained token
+    ledger_is_lossless(history)
+    for h in history:
+        assert h["pipeline/wasted_tokens"] <= h["pipeline/decoded_tokens"]
+        assert h["pipeline/wasted_tokens"] >= h["pipeline/masked_tokens"]
+        if policy != "mask":
+            assert h["pipeline/masked_tokens"] == 0
+        if policy != "abort":
+            assert h["pipeline/aborted"] == 0
+        if policy == "mask":
+            assert h["dropped_ids"] == []
