@@ -28,6 +28,7 @@ time of the episodes that ended in that window over slots x window; staleness is
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -164,6 +165,21 @@ def measured(run: dict) -> dict:
         "trained_duration": statistics.fmean(trained_s),
         "launched_duration": statistics.fmean(durations(h)),
         "dropped": int(sum(x.get("pipeline/dropped", 0) for x in h)),
+        **waste(h),
+    }
+
+
+def waste(history: list[dict]) -> dict:
+    """A run's action tokens over all its steps: decoded, wasted (decoded, never trained), masked, and the
+    episodes aborted (zeros where the run logged none: the synchronous stream wastes nothing)."""
+    total = lambda key: sum(x.get(key, 0.0) for x in history)  # noqa: E731
+    decoded = total("pipeline/decoded_tokens")
+    return {
+        "decoded_tokens": decoded,
+        "wasted_tokens": total("pipeline/wasted_tokens"),
+        "masked_tokens": total("pipeline/masked_tokens"),
+        "aborted": int(total("pipeline/aborted")),
+        "wasted_share": total("pipeline/wasted_tokens") / decoded if decoded else 0.0,
     }
 
 
@@ -173,7 +189,7 @@ def window_rate(sim: dict) -> float:
     return sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
 
 
-def predicted(run: dict, drop: bool) -> dict:
+def predicted(run: dict, drop: bool, policy: str = "drop") -> dict:
     """The simulator's prediction of a run from the run's own measured durations, trainer time and loads."""
     from lrl.sim.board import simulate_board
 
@@ -192,6 +208,7 @@ def predicted(run: dict, drop: bool) -> dict:
         run.get("steps") or len(h),
         drop=drop,
         sync_before=sync,
+        policy=policy,
     )
     return {
         "episodes_per_s": window_rate(sim),
@@ -201,6 +218,7 @@ def predicted(run: dict, drop: bool) -> dict:
         "staleness_hist": sim["staleness_hist"],
         "trained_duration": sim["trained_duration"],
         "dropped": sim["dropped"],
+        "aborted": sim["aborted"],
         "inputs": {
             "durations": len(durations(h)),
             "train_s": trainer_seconds(h, sync),
@@ -222,7 +240,7 @@ def load_calibration(path) -> dict:
     return cal
 
 
-def predicted_from(run: dict, drop: bool, cal: dict) -> dict:
+def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> dict:
     """The load model's prediction of a run from a calibration only: the engine curve and co-run slowdown of the
     benchmark, the trainer's seconds and the workload's turns of each calibration run (the prediction is the mean
     over them; staleness max the largest). Nothing of `run` enters but its configuration (design, slots,
@@ -252,6 +270,7 @@ def predicted_from(run: dict, drop: bool, cal: dict) -> dict:
             turns=part["turns"],
             engine=curve,
             co_run=slow,
+            policy=policy,
         )
         sim["episodes_per_s"] = window_rate(sim)
         sims.append(sim)
@@ -267,6 +286,8 @@ def predicted_from(run: dict, drop: bool, cal: dict) -> dict:
         "staleness_hist": hist,
         "trained_duration": mean("trained_duration"),
         "dropped": round(mean("dropped")),
+        "aborted": round(mean("aborted")),
+        "wasted_share": statistics.fmean(s["wasted_tokens"] / max(s["decoded_tokens"], 1e-9) for s in sims),
         "per_calibration_run": [s["episodes_per_s"] for s in sims],
         "inputs": {"runs": len(sims), "switch_s": switch_s, "co_run": slow},
     }
@@ -357,7 +378,7 @@ def total_variation(p: list[float], q: list[float]) -> float:
     return 0.5 * sum(abs(a - b) for a, b in zip(p, q))
 
 
-def summarise(runs: list[dict], drop: bool, cal=None) -> list[dict]:
+def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> list[dict]:
     """One object per design: medians over repeats of what was measured and what was predicted (from the
     calibration `cal` by the load model; without one, from each run's own episode times by the duration model,
     the way this experiment was first checked, kept beside it as ``inrun_*``). `cal` may also be a function of
@@ -368,13 +389,15 @@ def summarise(runs: list[dict], drop: bool, cal=None) -> list[dict]:
         if not mine:
             continue
         m = [measured(r) for r in mine]
-        inrun = [predicted(r, drop) for r in mine]
+        pol = "drop" if DESIGNS[design].get("sync") else policy
+        inrun = [predicted(r, drop, pol) for r in mine]
         calibration = cal if callable(cal) or cal is None else (lambda _r, c=cal: c)
-        p = [predicted_from(r, drop, calibration(r["repeat"])) for r in mine] if cal is not None else inrun
+        p = [predicted_from(r, drop, calibration(r["repeat"]), pol) for r in mine] if cal is not None else inrun
         rows.append(
             {
                 "design": design,
                 "staleness_drop": drop,
+                "stale_policy": pol,
                 "repeats": len(mine),
                 "measured_episodes_per_s": median([x["episodes_per_s"] for x in m]),
                 "predicted_episodes_per_s": median([x["episodes_per_s"] for x in p]),
@@ -395,6 +418,10 @@ def summarise(runs: list[dict], drop: bool, cal=None) -> list[dict]:
                 "inrun_slot_util": median([x["slot_util"] for x in inrun]),
                 "measured_dropped": sum(x["dropped"] for x in m),
                 "predicted_dropped": sum(x["dropped"] for x in p),
+                "measured_aborted": sum(x["aborted"] for x in m),
+                "predicted_aborted": sum(x["aborted"] for x in p),
+                "measured_wasted_share": median([x["wasted_share"] for x in m]),
+                "predicted_wasted_share": median([x.get("wasted_share", math.nan) for x in p]),
                 "per_repeat": [
                     {"measured": {k: v for k, v in a.items() if k != "staleness_hist"}, "predicted": b}
                     for a, b in zip(m, p)
@@ -455,7 +482,7 @@ def main(args, extra: list[str]) -> int:
         cal = lambda seed: cache.setdefault(seed, load_calibration(source.format(seed=seed)))  # noqa: E731
     elif source:
         cal = load_calibration(source)
-    rows = summarise(runs, drop, cal)
+    rows = summarise(runs, drop, cal, policy)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=1))

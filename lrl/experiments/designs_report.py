@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -18,7 +19,7 @@ def markdown(rows: list[dict]) -> str:
     """One line per design: measured / predicted for each quantity, the TV distance, the ratio to sync."""
     sync = next((r["measured_episodes_per_s"] for r in rows if r["design"] == "synchronous"), None)
     head = ["design", *[c[0] + " (meas. / pred.)" for c in COLUMNS], "TV", "x sync", "error", "dropped"]
-    head.append("in-run duration model error")
+    head += ["in-run duration model error", "policy", "wasted tokens (meas. / pred.)", "aborted"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["design"]]
@@ -30,6 +31,11 @@ def markdown(rows: list[dict]) -> str:
         cells.append(f"{100 * error:+.1f}%")
         cells.append(f"{r['measured_dropped']} / {r['predicted_dropped']}")
         cells.append(f"{100 * (r['inrun_episodes_per_s'] / r['measured_episodes_per_s'] - 1):+.1f}%")
+        cells.append(r.get("stale_policy", "drop"))
+        wasted = r.get("predicted_wasted_share", math.nan)
+        shown = "-" if wasted != wasted else f"{100 * wasted:.1f}%"  # the duration model counts no tokens
+        cells.append(f"{100 * r.get('measured_wasted_share', 0.0):.1f}% / {shown}")
+        cells.append(f"{r.get('measured_aborted', 0)} / {r.get('predicted_aborted', 0)}")
         out.append("| " + " | ".join(cells) + " |")
     launched = [r["measured_launched_duration"] for r in rows]
     out.append("")

@@ -17,7 +17,11 @@ it as it is:
   keep room that the slots could use; the controller issues while the trainer waits for data and when it
   publishes, not during a training step;
 - **the consumer-side bound** (``drop``): an episode that started on a version more than ``max_staleness``
-  behind the trainer is dropped when its group is taken; a batch with nothing left is taken again;
+  behind the trainer is dropped when its group is taken; a batch with nothing left is taken again. The other
+  staleness policies (``policy``, lrl's ``--stale-policy``): ``mask`` trains such an episode, its tokens older
+  than the bound counted as masked; ``oldest-first`` takes the finished groups whose oldest episode started
+  earliest, then drops; ``abort`` stops an episode in flight once the worker sees a version that puts it past
+  the bound, and starts its task again first in the worker's queue;
 - **token staleness**: in the duration model, an episode's tokens are spread over its duration, so an episode
   interrupted by weight switches contributes to each version it ran on in proportion to the time it ran on it
   (an approximation: real tokens come in bursts between tool calls); the load model counts the tokens.
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 
 from lrl.sim.load import EngineCurve, LoadEngine, parse_turns
 
+POLICIES = ("drop", "mask", "oldest-first", "abort")  # lrl.config.STALE_POLICIES
 WAIT_SLICE = 0.1  # lrl.envs.workers.WAIT_SLICE: a rollout worker's longest blocking wait for tool answers
 
 
@@ -93,6 +98,7 @@ def simulate_board(
     trace: list | None = None,
     release: str = "group",
     wait_slice: float | None = None,
+    policy: str = "drop",
 ) -> dict:
     """Simulate `steps` training steps of lrl's pipeline -> dict.
 
@@ -109,13 +115,17 @@ def simulate_board(
     ``wait_slice`` (the load model, asynchronous designs): a worker whose episodes all wait for tools sees new
     work and new weights only when an answer comes or a wait of this many seconds ends (default
     ``WAIT_SLICE``, lrl's own; 0: at once).
+    ``policy``: what the bound does to work past it (``drop``, ``mask``, ``oldest-first``, ``abort``; with
+    ``drop=True``, see the module's notes).
     ``trace``: a list to append ``[time, decoding, tool, in flight, paused in flight]`` (all workers) at every
     event of the load model.
     Keys: ``time``, ``episodes_per_s`` (trained per second), ``step_ends`` (seconds), ``step_trained``
     (episodes each step trained), ``slot_util``,
     ``staleness_mean`` / ``staleness_max`` / ``staleness_hist`` (per token; the duration model spreads an
     episode's tokens evenly over its time; the max is over episodes' oldest tokens), ``episode_staleness_hist``
-    (oldest token per trained episode), ``trained``, ``dropped``, ``trained_duration``, ``launched_duration``.
+    (oldest token per trained episode), ``trained``, ``dropped``, ``aborted``, ``trained_duration``,
+    ``launched_duration``; the load model adds ``decoded_tokens`` and ``wasted_tokens`` (decoded by dropped or
+    aborted episodes, or masked) and ``masked_tokens``.
     """
     load = durations is None
     if load:
@@ -138,6 +148,10 @@ def simulate_board(
         raise ValueError("release: 'group' or 'episode'")
     if co_run < 1.0 or not math.isfinite(co_run):
         raise ValueError("co_run: a slowdown >= 1")
+    if policy not in POLICIES:
+        raise ValueError(f"policy: one of {POLICIES}")
+    if not drop:
+        policy = "drop"  # the throttle alone: no policy applies
     G, E, eta = groups_per_batch, group_size, max_staleness
     share = -(-G // workers) * E
     capacity = max(n_slots, share) + share
@@ -158,7 +172,8 @@ def simulate_board(
     step_trained: list[int] = []
     hist: list[float] = []  # token-time (duration model) or tokens (load model) per staleness
     ep_hist: list[int] = []
-    trained = dropped = 0
+    trained = dropped = aborted = 0
+    tokens = {"decoded": 0.0, "wasted": 0.0, "masked": 0.0}  # the load model's action tokens
     trained_seconds = 0.0
     launched: list[float] = []
 
@@ -187,6 +202,8 @@ def simulate_board(
         for worker in pool:
             if slice_s and worker.engine.asleep(now, slice_s):
                 continue  # blocked on its tools' answers: it sees the board and its messages later
+            if policy == "abort" and drop:
+                abort_stale(worker, now)
             newer = worker.version < version  # a newer version is on the board
             if newer and now >= worker.paused_until and (interrupt or not worker.running):
                 switch(worker, now)
@@ -210,6 +227,28 @@ def simulate_board(
                 worker.running[ep.index] = ep
                 heapq.heappush(worker.ends, (ep.end, ep.index))
 
+    def abort_stale(worker: _Worker, now: float) -> None:
+        """Stop the episodes in flight that started more than eta versions behind the trainer; their groups'
+        tasks go first in the worker's queue, to start again."""
+        nonlocal aborted
+        stale = [ep for ep in worker.running.values() if version - ep.version > eta]
+        if not stale:
+            return
+        for ep in stale:
+            del worker.running[ep.index]
+            worker.queue.appendleft(ep.group)
+            launched.append(now - ep.start)
+            aborted += 1
+        if load:
+            cut = worker.engine.abort({ep.index for ep in stale}, now)
+            cut += sum(n for ep in stale for _, n in ep.tokens)
+            tokens["decoded"] += cut
+            tokens["wasted"] += cut
+        else:
+            gone = {ep.index for ep in stale}
+            worker.ends[:] = [e for e in worker.ends if e[1] not in gone]
+            heapq.heapify(worker.ends)
+
     def switch(worker: _Worker, now: float) -> None:
         worker.version = version
         worker.paused_until = now + switch_time
@@ -227,12 +266,24 @@ def simulate_board(
         """The trainer's next batch: G finished groups, stale episodes dropped (None: not enough yet)."""
         nonlocal dropped
         while len(finished) >= G:
-            groups = [finished.popleft() for _ in range(G)]
+            if policy == "oldest-first":  # the groups whose oldest episode started earliest, stable
+                ranked = sorted(finished, key=lambda g: min(ep.version for ep in group_episodes[g]))
+                groups = ranked[:G]
+                chosen = set(groups)
+                finished_left = [g for g in finished if g not in chosen]
+                finished.clear()
+                finished.extend(finished_left)
+            else:
+                groups = [finished.popleft() for _ in range(G)]
             batch = []
             for g in groups:
                 for ep in group_episodes.pop(g):
-                    if drop and version - ep.version > eta:
+                    if load:
+                        tokens["decoded"] += sum(n for _, n in ep.tokens)
+                    if drop and policy != "mask" and version - ep.version > eta:
                         dropped += 1
+                        if load:
+                            tokens["wasted"] += sum(n for _, n in ep.tokens)
                     else:
                         batch.append(ep)
             if batch:
@@ -250,16 +301,24 @@ def simulate_board(
             trained += 1
             trained_seconds += ep.end - ep.start
             oldest = version - ep.version
+            if policy == "mask" and drop:
+                oldest = min(oldest, eta)  # its older tokens are masked, not trained
             ep_hist.extend([0] * (oldest + 1 - len(ep_hist)))
             ep_hist[oldest] += 1
+            masking = policy == "mask" and drop
             if load:
                 for v, n in ep.tokens:
-                    add(version - v, n)
+                    if masking and version - v > eta:
+                        tokens["masked"] += n
+                        tokens["wasted"] += n
+                    else:
+                        add(version - v, n)
                 continue
             marks = [(ep.start, ep.version), *ep.switches, (ep.end, None)]
             total = max(ep.end - ep.start, 1e-12)
             for (a, v), (b, _) in zip(marks, marks[1:]):
-                add(version - v, (b - a) / total)
+                if not (masking and version - v > eta):
+                    add(version - v, (b - a) / total)
         training_until = now + train_time
 
     def ended(now: float) -> list[tuple[float, int, int]]:
@@ -349,7 +408,9 @@ def simulate_board(
         "episode_staleness_hist": ep_hist,
         "trained": trained,
         "dropped": dropped,
+        "aborted": aborted,
         "started": started,
+        **({f"{k}_tokens": v for k, v in tokens.items()} if load else {}),
         "trained_duration": trained_seconds / trained if trained else math.nan,
         "launched_duration": sum(launched) / len(launched) if launched else math.nan,
     }

@@ -202,6 +202,25 @@ class LoadEngine:
             ep.cur_version = version
             ep.switches.append((now, version))
 
+    def abort(self, indices: set, now: float) -> float:
+        """Stop the episodes `indices` (decoding or waiting for a tool) -> the tokens of the actions they were
+        decoding (those of their finished actions are in their ``tokens``)."""
+        cut = 0.0
+        was_decoding = bool(self.decoding)
+        for index in indices:
+            ep = self.decoding.pop(index, None)
+            if ep is not None:
+                cut += self.steps - ep.began
+        before = len(self.theap)
+        self.theap = [e for e in self.theap if e[1] not in indices]
+        self.tools -= before - len(self.theap)
+        self.dheap = [e for e in self.dheap if e[1] not in indices]
+        heapq.heapify(self.theap)
+        heapq.heapify(self.dheap)
+        if was_decoding and not self.decoding:
+            self.block_from = now  # nothing left to decode: the worker waits for answers from now
+        return cut
+
     # A worker whose episodes all wait on tools blocks on their answers, a slice at a time (lrl.envs.workers
     # WAIT_SLICE); it sees new work and new weights only when an answer comes or a slice ends.
     def blocked(self) -> bool:

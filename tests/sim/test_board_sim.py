@@ -108,3 +108,55 @@ def test_finished_episodes_of_an_unfinished_group_keep_their_room():
     assert group["episodes_per_s"] < 0.9 * episode["episodes_per_s"]
     with pytest.raises(ValueError, match="release"):
         simulate_board(durations, 64, 8, 8, 0.3, 0.0, release="task")
+
+
+# -- the staleness policies (lrl's --stale-policy) ---------------------------------------------------------
+STRAGGLER = [3.0, 0.1, 0.1, 0.1] * 100  # one episode in four outlasts several steps of 0.5 s
+
+
+def test_mask_trains_the_episodes_drop_would_discard_within_the_bound():
+    drop = simulate_board(STRAGGLER, 4, 1, 1, 0.5, 0.0, 1, True, 12, policy="drop")
+    mask = simulate_board(STRAGGLER, 4, 1, 1, 0.5, 0.0, 1, True, 12, policy="mask")
+    assert drop["dropped"] >= 1 and mask["dropped"] == 0
+    assert mask["staleness_max"] <= 1  # what is older than the bound is masked, not trained
+    assert mask["time"] < drop["time"]  # nothing thrown away: the 12 steps come sooner
+
+
+def test_abort_stops_a_straggler_in_flight_and_starts_its_task_again():
+    drop = simulate_board(STRAGGLER, 4, 1, 1, 0.5, 0.0, 1, True, 12, policy="drop")
+    abort = simulate_board(STRAGGLER, 4, 1, 1, 0.5, 0.0, 1, True, 12, policy="abort")
+    assert drop["dropped"] >= 1
+    assert abort["aborted"] >= 1 and abort["dropped"] == 0  # stopped in flight, so never finished stale
+    assert abort["staleness_max"] <= 1
+    assert abort["time"] < drop["time"]
+
+
+def test_oldest_first_trains_a_late_group_before_it_passes_the_bound():
+    # 4 slots, batches of one group of one, bound 2, steps of 0.5 s, the first episode 1 s: it finishes behind
+    # newer groups; taken first it is trained 2 versions stale; taken in turn it would be 3 and dropped
+    durations = [1.0] + [0.1] * 400
+    fifo = simulate_board(durations, 4, 1, 1, 0.5, 0.0, 2, True, 12, policy="drop")
+    oldest = simulate_board(durations, 4, 1, 1, 0.5, 0.0, 2, True, 12, policy="oldest-first")
+    assert fifo["dropped"] == 1 and oldest["dropped"] == 0
+    assert oldest["staleness_max"] == 2
+
+
+def test_the_load_model_counts_each_policys_wasted_tokens():
+    from lrl.sim.load import EngineCurve
+
+    flat = EngineCurve.linear(0.05, 0.0)
+    turns = [[[40, 0.0]], [[2, 0.0]], [[2, 0.0]], [[2, 0.0]]] * 50  # one long action in four
+    runs = {
+        p: simulate_board(None, 4, 1, 1, 0.5, 0.0, 1, True, 10, turns=turns, engine=flat, policy=p)
+        for p in ("drop", "mask", "abort")
+    }
+    assert runs["drop"]["wasted_tokens"] > 0 and runs["drop"]["masked_tokens"] == 0
+    assert runs["mask"]["wasted_tokens"] == runs["mask"]["masked_tokens"] > 0
+    assert runs["abort"]["aborted"] >= 1 and runs["abort"]["wasted_tokens"] > 0
+    for sim in runs.values():
+        assert sim["wasted_tokens"] <= sim["decoded_tokens"]
+
+
+def test_an_unknown_policy_is_an_error():
+    with pytest.raises(ValueError, match="policy"):
+        simulate_board([1.0], 1, 1, 1, 0.1, 0.0, 1, True, 1, policy="pace")
