@@ -21,7 +21,13 @@ it as it is:
   staleness policies (``policy``, lrl's ``--stale-policy``): ``mask`` trains such an episode, its tokens older
   than the bound counted as masked; ``oldest-first`` takes the finished groups whose oldest episode started
   earliest, then drops; ``abort`` stops an episode in flight once the worker sees a version that puts it past
-  the bound, and starts its task again first in the worker's queue;
+  the bound, and starts its task again first in the worker's queue. ``pace`` is the simulator's alone: an
+  admission in time, which starts an episode only when the median of the last 64 episodes' durations says it
+  ends before the trainer takes its last batch within the bound (``eta`` trainer periods, the median gap of the
+  last 64 steps, from when the worker switched to its version), or when the worker has nothing in flight, then
+  drops. It is kept to show why lrl has no such policy: held work delays the very versions its window is
+  counted in, and the pipeline starves (docs/pipeline.md, "Staleness policies"). An admission in the queue
+  (start batch ``b`` only on version ``b - eta``) is what the throttle already does;
 - **token staleness**: in the duration model, an episode's tokens are spread over its duration, so an episode
   interrupted by weight switches contributes to each version it ran on in proportion to the time it ran on it
   (an approximation: real tokens come in bursts between tool calls); the load model counts the tokens.
@@ -36,12 +42,13 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 from lrl.sim.load import EngineCurve, LoadEngine, parse_turns
 
-POLICIES = ("drop", "mask", "oldest-first", "abort")  # lrl.config.STALE_POLICIES
+POLICIES = ("drop", "mask", "oldest-first", "abort", "pace")  # lrl.config.STALE_POLICIES
 WAIT_SLICE = 0.1  # lrl.envs.workers.WAIT_SLICE: a rollout worker's longest blocking wait for tool answers
 
 
@@ -76,6 +83,7 @@ class _Worker:
     ends: list = field(default_factory=list)  # the duration model: heap of (end, episode index)
     engine: LoadEngine | None = None  # the load model
     gate: float = -math.inf  # the load model: work issued to it is seen from then (it was blocked on tools)
+    since: float = 0.0  # when it switched to its version
 
 
 def simulate_board(
@@ -152,6 +160,8 @@ def simulate_board(
         raise ValueError(f"policy: one of {POLICIES}")
     if not drop:
         policy = "drop"  # the throttle alone: no policy applies
+    if sync_before:
+        policy = "drop"  # the synchronous stream: nothing is stale
     G, E, eta = groups_per_batch, group_size, max_staleness
     share = -(-G // workers) * E
     capacity = max(n_slots, share) + share
@@ -211,6 +221,8 @@ def simulate_board(
             if now < worker.paused_until or (newer and not interrupt):
                 continue  # loading weights, or draining: start nothing until the episodes in flight are done
             while worker.queue and len(worker.running) < worker.slots and now >= worker.gate:
+                if policy == "pace" and worker.running and not paces(worker, now):
+                    break
                 group = worker.queue.popleft()
                 if load:
                     ep = _Episode(started, group, 0.0, now, math.inf, worker.version)
@@ -249,8 +261,17 @@ def simulate_board(
             worker.ends[:] = [e for e in worker.ends if e[1] not in gone]
             heapq.heapify(worker.ends)
 
+    def paces(worker: _Worker, now: float) -> bool:
+        """``pace``: whether an episode started now is expected to be trained within the bound."""
+        gaps = [b - a for a, b in zip(step_ends[-65:], step_ends[-64:])]
+        if not gaps or not launched:
+            return True
+        period, duration = statistics.median(gaps), statistics.median(launched[-64:])
+        return now + duration <= worker.since + eta * period
+
     def switch(worker: _Worker, now: float) -> None:
         worker.version = version
+        worker.since = now
         worker.paused_until = now + switch_time
         if load:
             worker.engine.switch(now, version)

@@ -3,6 +3,8 @@ experiment's measured quantities on a history whose numbers are known."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from lrl.experiments.designs import measured, token_hist, total_variation
@@ -159,4 +161,15 @@ def test_the_load_model_counts_each_policys_wasted_tokens():
 
 def test_an_unknown_policy_is_an_error():
     with pytest.raises(ValueError, match="policy"):
-        simulate_board([1.0], 1, 1, 1, 0.1, 0.0, 1, True, 1, policy="pace")
+        simulate_board([1.0], 1, 1, 1, 0.1, 0.0, 1, True, 1, policy="later")
+
+
+def test_an_admission_paced_in_time_starves_the_trainer():
+    # the simulator's pace: hold an episode the median duration says would end past the bound's window; held
+    # work delays the versions the window is counted in, so the pipeline crawls (why lrl has no such policy)
+    rng = random.Random(0)
+    durations = [0.3 + rng.lognormvariate(-1.2, 1.0) for _ in range(2000)]
+    drop = simulate_board(durations, 64, 8, 8, 0.5, 0.05, 1, True, 20, policy="drop")
+    pace = simulate_board(durations, 64, 8, 8, 0.5, 0.05, 1, True, 20, policy="pace")
+    assert pace["staleness_max"] <= 1 and pace["dropped"] < drop["dropped"]
+    assert pace["episodes_per_s"] < 0.5 * drop["episodes_per_s"]
