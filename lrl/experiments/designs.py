@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from lrl.experiments.stats import median
+from lrl.experiments.stats import mean_se, median
 from lrl.experiments.workload import (
     DESIGN_FLAGS,
     DESIGNS,
@@ -129,7 +129,24 @@ def run_once(
         "wall_s": time.time() - start,
         "steps": len(lines),
         "slots": slots,
+        "run_dir": str(out / "runs" / name),
     }
+
+
+def final_pass_rate(run: dict) -> float:
+    """The held-out pass rate a run logged last (its evaluation at the end), from its TensorBoard events;
+    nan where it logged none."""
+    folder = run.get("run_dir")
+    files = sorted(Path(folder).glob("version_*/events.out.tfevents.*")) if folder else []
+    if not files:
+        return math.nan
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(files[-1]), size_guidance={"scalars": 0})
+    events.Reload()
+    if "val/pass_rate" not in events.Tags()["scalars"]:
+        return math.nan
+    return float(events.Scalars("val/pass_rate")[-1].value)
 
 
 def token_hist(history: list[dict]) -> list[float]:
@@ -165,6 +182,7 @@ def measured(run: dict) -> dict:
         "trained_duration": statistics.fmean(trained_s),
         "launched_duration": statistics.fmean(durations(h)),
         "dropped": int(sum(x.get("pipeline/dropped", 0) for x in h)),
+        "pass_rate": final_pass_rate(run),
         **waste(h),
     }
 
@@ -219,6 +237,7 @@ def predicted(run: dict, drop: bool, policy: str = "drop") -> dict:
         "trained_duration": sim["trained_duration"],
         "dropped": sim["dropped"],
         "aborted": sim["aborted"],
+        "wasted_share": sim["wasted_tokens"] / max(sim["decoded_tokens"], 1e-9),  # episodes as equal units
         "inputs": {
             "durations": len(durations(h)),
             "train_s": trainer_seconds(h, sync),
@@ -378,6 +397,13 @@ def total_variation(p: list[float], q: list[float]) -> float:
     return 0.5 * sum(abs(a - b) for a, b in zip(p, q))
 
 
+def pass_rates(rates: list[float]) -> dict:
+    """Held-out pass rate at the end over the repeats that logged one: mean, its standard error, how many."""
+    rates = [r for r in rates if r == r]
+    mu, se = mean_se(rates) if rates else (math.nan, math.nan)
+    return {"measured_pass_rate": mu, "measured_pass_rate_se": se, "pass_rate_repeats": len(rates)}
+
+
 def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> list[dict]:
     """One object per design: medians over repeats of what was measured and what was predicted (from the
     calibration `cal` by the load model; without one, from each run's own episode times by the duration model,
@@ -397,7 +423,7 @@ def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> l
             {
                 "design": design,
                 "staleness_drop": drop,
-                "stale_policy": pol,
+                "stale_policy": "-" if DESIGNS[design].get("sync") else pol,
                 "repeats": len(mine),
                 "measured_episodes_per_s": median([x["episodes_per_s"] for x in m]),
                 "predicted_episodes_per_s": median([x["episodes_per_s"] for x in p]),
@@ -421,6 +447,7 @@ def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> l
                 "measured_aborted": sum(x["aborted"] for x in m),
                 "predicted_aborted": sum(x["aborted"] for x in p),
                 "measured_wasted_share": median([x["wasted_share"] for x in m]),
+                **pass_rates([x["pass_rate"] for x in m]),
                 "predicted_wasted_share": median([x.get("wasted_share", math.nan) for x in p]),
                 "per_repeat": [
                     {"measured": {k: v for k, v in a.items() if k != "staleness_hist"}, "predicted": b}
@@ -429,6 +456,27 @@ def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> l
             }
         )
     return rows
+
+
+def load_runs(out: Path, chosen: list[str], slots: int = SLOTS) -> list[dict]:
+    """The runs an experiment folder holds (its histories), of the designs `chosen`."""
+    runs = []
+    for path in sorted((out / "histories").glob("*.jsonl")):
+        design = next(d for d in DESIGNS if path.name.startswith(file_name(d)))
+        if design not in chosen:
+            continue
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        runs.append(
+            {
+                "design": design,
+                "repeat": int(path.stem.rsplit("-r", 1)[1]),
+                "history": lines,
+                "steps": len(lines),
+                "slots": slots,
+                "run_dir": str(out / "runs" / path.stem),
+            }
+        )
+    return runs
 
 
 def main(args, extra: list[str]) -> int:
@@ -461,20 +509,7 @@ def main(args, extra: list[str]) -> int:
                     flush=True,
                 )
     else:
-        for path in sorted((out / "histories").glob("*.jsonl")):
-            design = next(d for d in DESIGNS if path.name.startswith(file_name(d)))
-            if design not in chosen:
-                continue
-            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-            runs.append(
-                {
-                    "design": design,
-                    "repeat": int(path.stem.rsplit("-r", 1)[1]),
-                    "history": lines,
-                    "steps": len(lines),
-                    "slots": slots,
-                }
-            )
+        runs = load_runs(out, chosen, slots)
     cal = None
     source = getattr(args, "predict_from", None)
     if source and "{seed}" in source:  # one calibration per seed: the same frozen policy at another size

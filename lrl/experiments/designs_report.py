@@ -20,6 +20,7 @@ def markdown(rows: list[dict]) -> str:
     sync = next((r["measured_episodes_per_s"] for r in rows if r["design"] == "synchronous"), None)
     head = ["design", *[c[0] + " (meas. / pred.)" for c in COLUMNS], "TV", "x sync", "error", "dropped"]
     head += ["in-run duration model error", "policy", "wasted tokens (meas. / pred.)", "aborted"]
+    head.append("held-out pass at the end (mean ± SE)")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["design"]]
@@ -36,6 +37,8 @@ def markdown(rows: list[dict]) -> str:
         shown = "-" if wasted != wasted else f"{100 * wasted:.1f}%"  # the duration model counts no tokens
         cells.append(f"{100 * r.get('measured_wasted_share', 0.0):.1f}% / {shown}")
         cells.append(f"{r.get('measured_aborted', 0)} / {r.get('predicted_aborted', 0)}")
+        mu, se = r.get("measured_pass_rate", math.nan), r.get("measured_pass_rate_se", math.nan)
+        cells.append("-" if mu != mu else f"{mu:.2f} ± {se:.2f} ({r['pass_rate_repeats']})")
         out.append("| " + " | ".join(cells) + " |")
     launched = [r["measured_launched_duration"] for r in rows]
     out.append("")

@@ -211,8 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--report", action="store_true", help="no runs: rebuild the table and plot from OUT's histories"
     )
+    p.add_argument(
+        "--compare-policies",
+        action="store_true",
+        help="no runs: the staleness policies' runs of async bound 1, partial (--designs chapter --stale-policy P), "
+        "as one table and a figure of throughput against waste (results/designs/policies.md, policies.png)",
+    )
     p.add_argument("flags", nargs="*", help="train.py flags for every run, after --")
     args = p.parse_args(argv)
+    if args.compare_policies:
+        from lrl.experiments import policies
+
+        return policies.main(Path(args.out) if args.out else policies.ROOT)
     if args.designs:
         from lrl.experiments import designs
 

@@ -132,8 +132,9 @@ def simulate_board(
     ``staleness_mean`` / ``staleness_max`` / ``staleness_hist`` (per token; the duration model spreads an
     episode's tokens evenly over its time; the max is over episodes' oldest tokens), ``episode_staleness_hist``
     (oldest token per trained episode), ``trained``, ``dropped``, ``aborted``, ``trained_duration``,
-    ``launched_duration``; the load model adds ``decoded_tokens`` and ``wasted_tokens`` (decoded by dropped or
-    aborted episodes, or masked) and ``masked_tokens``.
+    ``launched_duration``, ``decoded_tokens``, ``wasted_tokens`` (decoded by dropped or aborted episodes, or
+    masked) and ``masked_tokens``: the load model counts tokens; the duration model counts an episode as one
+    unit of work spread evenly over its time.
     """
     load = durations is None
     if load:
@@ -260,6 +261,9 @@ def simulate_board(
             gone = {ep.index for ep in stale}
             worker.ends[:] = [e for e in worker.ends if e[1] not in gone]
             heapq.heapify(worker.ends)
+            cut = sum(min(1.0, (now - ep.start) / ep.duration) if ep.duration > 0 else 0.0 for ep in stale)
+            tokens["decoded"] += cut  # an episode's unit of work, spread evenly over its time
+            tokens["wasted"] += cut
 
     def paces(worker: _Worker, now: float) -> bool:
         """``pace``: whether an episode started now is expected to be trained within the bound."""
@@ -299,12 +303,11 @@ def simulate_board(
             batch = []
             for g in groups:
                 for ep in group_episodes.pop(g):
-                    if load:
-                        tokens["decoded"] += sum(n for _, n in ep.tokens)
+                    work = sum(n for _, n in ep.tokens) if load else 1.0  # the duration model: one unit
+                    tokens["decoded"] += work
                     if drop and policy != "mask" and version - ep.version > eta:
                         dropped += 1
-                        if load:
-                            tokens["wasted"] += sum(n for _, n in ep.tokens)
+                        tokens["wasted"] += work
                     else:
                         batch.append(ep)
             if batch:
@@ -338,7 +341,10 @@ def simulate_board(
             marks = [(ep.start, ep.version), *ep.switches, (ep.end, None)]
             total = max(ep.end - ep.start, 1e-12)
             for (a, v), (b, _) in zip(marks, marks[1:]):
-                if not (masking and version - v > eta):
+                if masking and version - v > eta:
+                    tokens["masked"] += (b - a) / total
+                    tokens["wasted"] += (b - a) / total
+                else:
                     add(version - v, (b - a) / total)
         training_until = now + train_time
 
@@ -431,7 +437,7 @@ def simulate_board(
         "dropped": dropped,
         "aborted": aborted,
         "started": started,
-        **({f"{k}_tokens": v for k, v in tokens.items()} if load else {}),
+        **{f"{k}_tokens": v for k, v in tokens.items()},
         "trained_duration": trained_seconds / trained if trained else math.nan,
         "launched_duration": sum(launched) / len(launched) if launched else math.nan,
     }

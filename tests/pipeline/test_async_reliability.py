@@ -116,23 +116,27 @@ def test_resume_last_over_checkpoints_that_cannot_be_read_is_an_error(tmp_path, 
 
 # -- 2. killed at a random moment, resumed: nothing lost, nothing trained twice --------------------------
 @pytest.mark.parametrize(
-    "deterministic, slots",
+    "deterministic, slots, policy",
     [
         # the deterministic equality (merged history equal to an uninterrupted run's), with slots and a kill
-        # during tool waits; the free-running variants check the ledger alone and run with -m slow
-        (True, 8),
-        pytest.param(False, 0, marks=pytest.mark.slow),
-        pytest.param(True, 0, marks=pytest.mark.slow),
-        pytest.param(False, 8, marks=pytest.mark.slow),
+        # during tool waits; the free-running variants check the ledger alone and run with -m slow, as do the
+        # staleness policies (--stale-policy: what a kill may not lose is also what was masked or aborted)
+        (True, 8, "drop"),
+        pytest.param(False, 0, "drop", marks=pytest.mark.slow),
+        pytest.param(True, 0, "drop", marks=pytest.mark.slow),
+        pytest.param(False, 8, "drop", marks=pytest.mark.slow),
+        *[pytest.param(False, 8, p, marks=pytest.mark.slow) for p in ("mask", "abort", "oldest-first")],
+        *[pytest.param(True, 8, p, marks=pytest.mark.slow) for p in ("mask", "abort", "oldest-first")],
     ],
 )
 def test_sigkill_at_a_random_moment_then_resume_loses_and_repeats_nothing(
-    tmp_path, model_dir, deterministic, slots
+    tmp_path, model_dir, deterministic, slots, policy
 ):
     steps = 10
     history = tmp_path / "h.jsonl"
     extra = ["--checkpoint-every", "1", "--max-steps", str(steps), "--max-staleness", "1"]
     extra += ["--rollout-workers", "2", "--deterministic", "true" if deterministic else "false"]
+    extra += ["--stale-policy", policy]
     if slots:  # episodes in flight wait on their tools most of the time: the kill lands in a tool wait
         extra += ["--slots", str(slots), "--tool-latency", "lognormal:0.05:1.0"]
     args = async_args(model_dir, tmp_path / "runs", *extra, "--history-file", str(history))

@@ -173,3 +173,21 @@ def test_an_admission_paced_in_time_starves_the_trainer():
     pace = simulate_board(durations, 64, 8, 8, 0.5, 0.05, 1, True, 20, policy="pace")
     assert pace["staleness_max"] <= 1 and pace["dropped"] < drop["dropped"]
     assert pace["episodes_per_s"] < 0.5 * drop["episodes_per_s"]
+
+
+def test_a_runs_waste_and_pass_rate_summaries():
+    from lrl.experiments.designs import final_pass_rate, pass_rates, waste
+
+    history = [
+        {"pipeline/decoded_tokens": 100.0, "pipeline/wasted_tokens": 10.0, "pipeline/masked_tokens": 4.0},
+        {"pipeline/decoded_tokens": 300.0, "pipeline/wasted_tokens": 30.0, "pipeline/aborted": 2.0},
+        {"train/reward": 1.0},  # a synchronous step logs none
+    ]
+    w = waste(history)
+    assert w["decoded_tokens"] == 400 and w["masked_tokens"] == 4 and w["aborted"] == 2
+    assert w["wasted_share"] == pytest.approx(40 / 400)
+    assert waste([{"train/reward": 0.0}])["wasted_share"] == 0.0
+    rates = pass_rates([0.5, float("nan"), 0.7])  # a run without an evaluation is left out
+    assert rates["pass_rate_repeats"] == 2 and rates["measured_pass_rate"] == pytest.approx(0.6)
+    assert rates["measured_pass_rate_se"] == pytest.approx(0.1)
+    assert final_pass_rate({"run_dir": "/nonexistent"}) != final_pass_rate({"run_dir": "/nonexistent"})  # nan

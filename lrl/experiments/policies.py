@@ -1,0 +1,132 @@
+"""The staleness policies compared (``python -m lrl.experiments.pipeline --compare-policies``): the runs of
+``--designs chapter --stale-policy P`` for every policy, read from their folders, as one table and one figure of
+throughput against waste, measured and predicted.
+
+Each policy's runs are in ``results/designs/hard`` (``drop``, with the synchronous runs the ratios are taken
+against) and ``results/designs/hard-<policy>``; a design a folder lacks is left out. The prediction beside each
+measurement is the simulator's for that run, from the run's own episode times (the duration model, which counts
+an episode as one unit of work spread over its time); the waste measured is in action tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from lrl.config import STALE_POLICIES
+from lrl.experiments.designs import DESIGNS, load_runs, summarise
+
+ROOT = Path("results/designs")
+
+
+def folder(policy: str, root: Path = ROOT) -> Path:
+    return root / ("hard" if policy == "drop" else f"hard-{policy}")
+
+
+def compare(root: Path = ROOT, design: str = "async eta=1, partial") -> list[dict]:
+    """One row per policy with runs of `design`: its summary (lrl.experiments.designs.summarise) and its ratio
+    to the synchronous runs of the drop folder."""
+    sync_runs = load_runs(folder("drop", root), ["synchronous"])
+    if not sync_runs:
+        raise SystemExit(f"{folder('drop', root)}: no synchronous runs to compare with (run --designs chapter)")
+    sync = summarise(sync_runs, True)[0]
+    rows = []
+    for policy in STALE_POLICIES:
+        runs = load_runs(folder(policy, root), [design])
+        if not runs:
+            continue
+        row = summarise(runs, True, None, policy)[0]
+        row["x_sync"] = row["measured_episodes_per_s"] / sync["measured_episodes_per_s"]
+        row["predicted_x_sync"] = row["predicted_episodes_per_s"] / sync["predicted_episodes_per_s"]
+        row["sync_episodes_per_s"] = sync["measured_episodes_per_s"]
+        row["sync_pass_rate"] = sync["measured_pass_rate"]
+        rows.append(row)
+    if not rows:
+        raise SystemExit(f"no runs of {design!r} under {root}: run --designs chapter --stale-policy P first")
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = [
+        "policy",
+        "episodes/s (meas. / pred.)",
+        "x sync (meas. / pred.)",
+        "error",
+        "wasted tokens (meas. / pred.)",
+        "dropped",
+        "aborted",
+        "masked tokens",
+        "staleness mean / max",
+        "held-out pass at the end (mean ± SE)",
+    ]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        err = r["predicted_episodes_per_s"] / r["measured_episodes_per_s"] - 1
+        masked = sum(x["measured"]["masked_tokens"] for x in r["per_repeat"])
+        decoded = sum(x["measured"]["decoded_tokens"] for x in r["per_repeat"])
+        pass_rate = r["measured_pass_rate"]
+        cells = [
+            r["stale_policy"],
+            f"{r['measured_episodes_per_s']:.2f} / {r['predicted_episodes_per_s']:.2f}",
+            f"{r['x_sync']:.2f} / {r['predicted_x_sync']:.2f}",
+            f"{100 * err:+.1f}%",
+            f"{100 * r['measured_wasted_share']:.1f}% / {100 * r['predicted_wasted_share']:.1f}%",
+            f"{r['measured_dropped']} / {r['predicted_dropped']}",
+            f"{r['measured_aborted']} / {r['predicted_aborted']}",
+            f"{masked:.0f} of {decoded:.0f}",
+            f"{r['measured_staleness_mean']:.2f} / {r['measured_staleness_max']}",
+            "-" if pass_rate != pass_rate else
+            f"{pass_rate:.2f} ± {r['measured_pass_rate_se']:.2f} ({r['pass_rate_repeats']})",
+        ]  # fmt: skip
+        out.append("| " + " | ".join(cells) + " |")
+    first = rows[0]
+    sync_pass = first["sync_pass_rate"]
+    out.append("")
+    out.append(
+        f"{first['design']}, median of {first['repeats']} repeats a policy (pass rate: mean over the repeats); "
+        f"synchronous {first['sync_episodes_per_s']:.2f} episodes/s"
+        + ("" if sync_pass != sync_pass else f", held-out pass {sync_pass:.2f}")
+        + ". Predicted by the duration model from each run's own episode times; wasted: share of the action "
+        "tokens decoded that were never trained (measured), of the episodes' work (predicted)."
+    )
+    return "\n".join(out) + "\n"
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, r in enumerate(rows):
+        color = f"C{i}"
+        x, y = 100 * r["measured_wasted_share"], r["x_sync"]
+        px, py = 100 * r["predicted_wasted_share"], r["predicted_x_sync"]
+        ax.plot([x], [y], "o", color=color, markersize=8, label=f"{r['stale_policy']} (measured)")
+        if math.isfinite(px) and math.isfinite(py):
+            ax.plot([px], [py], "o", color=color, markersize=8, markerfacecolor="none")
+            ax.plot([x, px], [y, py], "-", color=color, linewidth=0.8, alpha=0.6)
+        ax.annotate(r["stale_policy"], (x, y), textcoords="offset points", xytext=(6, 4), fontsize=9)
+    ax.axhline(2.5, color="grey", linestyle=":", linewidth=1)
+    ax.axvline(5.0, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("wasted: decoded, never trained (% of decoded)")
+    ax.set_ylabel("trained episodes per second, x synchronous")
+    ax.set_title(f"{rows[0]['design']}: staleness policies (filled: measured, hollow: simulated)", fontsize=9)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(root: Path = ROOT, design: str = "async eta=1, partial") -> int:
+    if design not in DESIGNS:
+        raise SystemExit(f"unknown design {design!r}")
+    rows = compare(root, design)
+    text = table(rows)
+    print(text)
+    (root / "policies.md").write_text(text)
+    figure(rows, root / "policies.png")
+    print(f"wrote {root / 'policies.md'}, {root / 'policies.png'}")
+    return 0
