@@ -18,7 +18,7 @@ from lrl.options import MAX_INT, check_field, expand_path, import_plugins, optio
 from lrl.registry import BACKENDS, CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, load_builtins
 
 ASYNC = {"pipeline": "async"}  # options of the asynchronous pipeline alone (option(..., when=ASYNC))
-STALE_POLICIES = ("drop", "mask", "abort", "oldest-first")  # --stale-policy (lrl.pipeline.stale)
+STALE_POLICIES = ("drop", "mask", "abort", "oldest-first", "cut")  # --stale-policy (lrl.pipeline.stale)
 
 
 @dataclass
@@ -176,7 +176,8 @@ class Config:
         "what happens to work past max_staleness (docs/pipeline.md): drop the episode when the trainer takes it; "
         "mask its over-stale tokens (no gradient) and train the rest; abort it in the worker once it can no "
         "longer be trained within the bound and start its task again; oldest-first: take the finished groups "
-        "closest to the bound first (then drop)",
+        "closest to the bound first (then drop); cut: once the trainer is at the last version a group can be "
+        "trained on, send it without its unfinished episodes if at least half of it has finished (then drop)",
         choices=STALE_POLICIES,
         when={**ASYNC, "staleness_drop": True},
     )

@@ -197,6 +197,7 @@ def waste(history: list[dict]) -> dict:
         "wasted_tokens": total("pipeline/wasted_tokens"),
         "masked_tokens": total("pipeline/masked_tokens"),
         "aborted": int(total("pipeline/aborted")),
+        "cut": int(total("pipeline/cut")),
         "wasted_share": total("pipeline/wasted_tokens") / decoded if decoded else 0.0,
     }
 
@@ -237,6 +238,7 @@ def predicted(run: dict, drop: bool, policy: str = "drop") -> dict:
         "trained_duration": sim["trained_duration"],
         "dropped": sim["dropped"],
         "aborted": sim["aborted"],
+        "cut": sim["cut"],
         "wasted_share": sim["wasted_tokens"] / max(sim["decoded_tokens"], 1e-9),  # episodes as equal units
         "inputs": {
             "durations": len(durations(h)),
@@ -306,6 +308,7 @@ def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> di
         "trained_duration": mean("trained_duration"),
         "dropped": round(mean("dropped")),
         "aborted": round(mean("aborted")),
+        "cut": round(mean("cut")),
         "wasted_share": statistics.fmean(s["wasted_tokens"] / max(s["decoded_tokens"], 1e-9) for s in sims),
         "per_calibration_run": [s["episodes_per_s"] for s in sims],
         "inputs": {"runs": len(sims), "switch_s": switch_s, "co_run": slow},
@@ -446,6 +449,8 @@ def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> l
                 "predicted_dropped": sum(x["dropped"] for x in p),
                 "measured_aborted": sum(x["aborted"] for x in m),
                 "predicted_aborted": sum(x["aborted"] for x in p),
+                "measured_cut": sum(x["cut"] for x in m),
+                "predicted_cut": sum(x["cut"] for x in p),
                 "measured_wasted_share": median([x["wasted_share"] for x in m]),
                 **pass_rates([x["pass_rate"] for x in m]),
                 "predicted_wasted_share": median([x.get("wasted_share", math.nan) for x in p]),

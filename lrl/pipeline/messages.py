@@ -98,6 +98,8 @@ class WorkerStats:
     paused: float = 0.0  # slot-seconds of episodes in flight while the worker loaded weights
     aborted: int = 0  # episodes stopped past the staleness bound and started again (--stale-policy abort)
     aborted_tokens: int = 0  # the action tokens those episodes had decoded (never trained)
+    cut: int = 0  # episodes left out of their group so that it could be trained within the bound (--stale-policy cut)
+    cut_tokens: int = 0  # the action tokens those episodes had decoded (never trained)
 
 
 @dataclass

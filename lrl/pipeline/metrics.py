@@ -76,4 +76,6 @@ def pipeline_metrics(
         "pipeline/lost": float(workers.lost),
         "pipeline/aborted": float(workers.aborted),
         "pipeline/aborted_tokens": float(workers.aborted_tokens),  # folded into decoded and wasted tokens
+        "pipeline/cut": float(workers.cut),
+        "pipeline/cut_tokens": float(workers.cut_tokens),  # folded into decoded and wasted tokens
     }

@@ -69,7 +69,7 @@ class FreeSchedule(_Schedule):
         if isinstance(message, GroupDone):
             self.ready.append((message.serial, message.episodes))
             self.seconds[message.serial] = message.seconds
-            self.held[message.worker] -= len(message.episodes)
+            self.held[message.worker] -= self.episodes_per_group  # the whole group, cut episodes included
 
     def take(self) -> list[tuple[int, list]] | None:
         """The batch's groups, once enough have finished -> [(serial, episodes)], or None (not yet): the oldest

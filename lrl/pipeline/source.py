@@ -140,7 +140,8 @@ class AsyncSource:
 
     def _finished(self, serial: int, episodes: list) -> None:
         """Record the wall time of each episode of a finished group (the simulator's durations come from it)."""
-        for j, episode in enumerate(episodes):
+        for k, episode in enumerate(episodes):
+            j = position(episode, k)
             self.window.finished_seconds.append(episode.seconds)
             self.window.finished_ids.append([serial * self.episodes_per_group + j, episode.seconds])
             self.window.turns.append([serial * self.episodes_per_group + j, episode.turns()])
@@ -187,8 +188,12 @@ class AsyncSource:
         for serial, episodes in groups:
             self.group_task.pop(serial, None)
             carry["seconds"].append(self.schedule.seconds.pop(serial, float("nan")))
-            for j, episode in enumerate(episodes):
-                eid = f"{self.rank}:{serial * self.episodes_per_group + j}"
+            present = {position(e, k) for k, e in enumerate(episodes)}
+            for j in range(self.episodes_per_group):  # left out of a group cut short (--stale-policy cut)
+                if j not in present:
+                    carry["dropped_ids"].append(f"{self.rank}:{serial * self.episodes_per_group + j}")
+            for k, episode in enumerate(episodes):
+                eid = f"{self.rank}:{serial * self.episodes_per_group + position(episode, k)}"
                 tags = [v for v, g in zip(episode.version, episode.generated) if g]
                 carry["decoded"] += len(tags)
                 if policy not in (None, "mask") and tags and min(tags) < oldest:
@@ -225,7 +230,7 @@ class AsyncSource:
             batch["action_mask"] = batch["action_mask"] * (~over).float()
             masked = float(over.sum())
         metrics = info["metrics"]
-        aborted = metrics.pop("pipeline/aborted_tokens")
+        aborted = metrics["pipeline/aborted_tokens"] + metrics["pipeline/cut_tokens"]  # stopped in the workers
         metrics["pipeline/decoded_tokens"] = float(carry["decoded"] + aborted)  # by the episodes taken, or aborted
         metrics["pipeline/masked_tokens"] = masked
         metrics["pipeline/wasted_tokens"] = carry["dropped_tokens"] + aborted + masked  # decoded, never trained
@@ -300,3 +305,9 @@ class AsyncSource:
 
     def load_weights_state(self, state: dict) -> None:
         self.version = state["version"]
+
+
+def position(episode, k: int) -> int:
+    """An episode's place in its group: its tag's (a group cut short lacks some), else its place in the list."""
+    tag = getattr(episode, "tag", None)
+    return int(tag[1]) if isinstance(tag, (tuple, list)) and len(tag) == 2 else k

@@ -21,7 +21,9 @@ it as it is:
   staleness policies (``policy``, lrl's ``--stale-policy``): ``mask`` trains such an episode, its tokens older
   than the bound counted as masked; ``oldest-first`` takes the finished groups whose oldest episode started
   earliest, then drops; ``abort`` stops an episode in flight once the worker sees a version that puts it past
-  the bound, and starts its task again first in the worker's queue. ``pace`` is the simulator's alone: an
+  the bound, and starts its task again first in the worker's queue; ``cut``, once a worker sees the last version
+  a group can be trained on (``eta`` after the one its oldest episode started on), sends it without its
+  unfinished episodes if at least half of it has finished. ``pace`` is the simulator's alone: an
   admission in time, which starts an episode only when the median of the last 64 episodes' durations says it
   ends before the trainer takes its last batch within the bound (``eta`` trainer periods, the median gap of the
   last 64 steps, from when the worker switched to its version), or when the worker has nothing in flight, then
@@ -48,7 +50,7 @@ from dataclasses import dataclass, field
 
 from lrl.sim.load import EngineCurve, LoadEngine, parse_turns
 
-POLICIES = ("drop", "mask", "oldest-first", "abort", "pace")  # lrl.config.STALE_POLICIES
+POLICIES = ("drop", "mask", "oldest-first", "abort", "cut", "pace")  # lrl.config.STALE_POLICIES
 WAIT_SLICE = 0.1  # lrl.envs.workers.WAIT_SLICE: a rollout worker's longest blocking wait for tool answers
 
 
@@ -84,6 +86,7 @@ class _Worker:
     engine: LoadEngine | None = None  # the load model
     gate: float = -math.inf  # the load model: work issued to it is seen from then (it was blocked on tools)
     since: float = 0.0  # when it switched to its version
+    seen: int = 0  # the last trainer version it looked at (cut)
 
 
 def simulate_board(
@@ -183,7 +186,7 @@ def simulate_board(
     step_trained: list[int] = []
     hist: list[float] = []  # token-time (duration model) or tokens (load model) per staleness
     ep_hist: list[int] = []
-    trained = dropped = aborted = 0
+    trained = dropped = aborted = cut = 0
     tokens = {"decoded": 0.0, "wasted": 0.0, "masked": 0.0}  # the load model's action tokens
     trained_seconds = 0.0
     launched: list[float] = []
@@ -215,6 +218,9 @@ def simulate_board(
                 continue  # blocked on its tools' answers: it sees the board and its messages later
             if policy == "abort" and drop:
                 abort_stale(worker, now)
+            if policy == "cut" and drop and worker.seen < version:
+                worker.seen = version
+                cut_short(worker, now)
             newer = worker.version < version  # a newer version is on the board
             if newer and now >= worker.paused_until and (interrupt or not worker.running):
                 switch(worker, now)
@@ -264,6 +270,36 @@ def simulate_board(
             cut = sum(min(1.0, (now - ep.start) / ep.duration) if ep.duration > 0 else 0.0 for ep in stale)
             tokens["decoded"] += cut  # an episode's unit of work, spread evenly over its time
             tokens["wasted"] += cut
+
+    def cut_short(worker: _Worker, now: float) -> None:
+        """Send every group at its last version with at least half finished without its unfinished episodes."""
+        nonlocal cut
+        w = pool.index(worker)
+        mine = [g for g, left in group_left.items() if group_worker[g] == w and 2 * (E - left) >= E]
+        for g in mine:
+            flying = [ep for ep in worker.running.values() if ep.group == g]
+            oldest = min(ep.version for ep in (*group_episodes[g], *flying))
+            if version - oldest != eta:
+                continue
+            for ep in flying:
+                del worker.running[ep.index]
+                launched.append(now - ep.start)
+            unstarted = sum(1 for q in worker.queue if q == g)
+            if unstarted:
+                worker.queue = deque(q for q in worker.queue if q != g)
+            cut += len(flying) + unstarted
+            gone = {ep.index for ep in flying}
+            if load:
+                work = worker.engine.abort(gone, now) + sum(n for ep in flying for _, n in ep.tokens)
+            else:
+                worker.ends[:] = [e for e in worker.ends if e[1] not in gone]
+                heapq.heapify(worker.ends)
+                work = sum(min(1.0, (now - ep.start) / ep.duration) if ep.duration > 0 else 0.0 for ep in flying)
+            tokens["decoded"] += work
+            tokens["wasted"] += work
+            del group_left[g]
+            finished.append(g)
+            pool[group_worker.pop(g)].held -= E if release == "group" else len(flying) + unstarted
 
     def paces(worker: _Worker, now: float) -> bool:
         """``pace``: whether an episode started now is expected to be trained within the bound."""
@@ -436,6 +472,7 @@ def simulate_board(
         "trained": trained,
         "dropped": dropped,
         "aborted": aborted,
+        "cut": cut,
         "started": started,
         **{f"{k}_tokens": v for k, v in tokens.items()},
         "trained_duration": trained_seconds / trained if trained else math.nan,

@@ -159,6 +159,16 @@ def test_the_load_model_counts_each_policys_wasted_tokens():
         assert sim["wasted_tokens"] <= sim["decoded_tokens"]
 
 
+def test_cut_sends_late_groups_without_their_stragglers():
+    rng = random.Random(1)
+    durations = [0.3 + rng.lognormvariate(-1.2, 1.0) for _ in range(3000)]
+    drop = simulate_board(durations, 64, 8, 8, 0.5, 0.05, 1, True, 20, policy="drop")
+    cut = simulate_board(durations, 64, 8, 8, 0.5, 0.05, 1, True, 20, policy="cut")
+    assert cut["cut"] > 0 and cut["dropped"] < drop["dropped"]
+    assert cut["staleness_max"] <= 1
+    assert cut["wasted_tokens"] <= cut["decoded_tokens"]
+
+
 def test_an_unknown_policy_is_an_error():
     with pytest.raises(ValueError, match="policy"):
         simulate_board([1.0], 1, 1, 1, 0.1, 0.0, 1, True, 1, policy="later")

@@ -54,6 +54,8 @@ class FreeRunning(Mode):
             self.rollout.pausing(False)
         if self.cfg.staleness_drop and self.cfg.stale_policy == "abort":
             self.abort_stale(worker.board.version)
+        if self.cfg.staleness_drop and self.cfg.stale_policy == "cut":
+            self.cut_stragglers(worker.board.version)
         if not loaded and not (newer and drain):  # draining starts nothing new
             self._open_units()
             self.admit()

@@ -29,6 +29,15 @@ class Groups:
         self.tasks.pop(serial, None)
         return serial, episodes, time.time() - self.first.pop(serial)
 
+    def finished_count(self, serial: int) -> int:
+        return len(self.done.get(serial, ()))
+
+    def cut(self, serial: int) -> tuple[int, list, float]:
+        """Close a group with the episodes it has finished -> (serial, those episodes in order, seconds)."""
+        episodes = sorted(self.done.pop(serial), key=lambda e: e.tag[1])
+        self.tasks.pop(serial, None)
+        return serial, episodes, time.time() - self.first.pop(serial)
+
     def state(self) -> dict:
         return {
             "done": {s: [e.state() for e in eps] for s, eps in self.done.items()},

@@ -36,6 +36,7 @@ class Mode:
             "paused": 0.0,
         }  # the same, by state
         self._abort_checked = -1  # the trainer version abort_stale last looked at
+        self._cut_checked = -1  # and cut_stragglers
         self._capacity_seconds = 0.0
         self._capacity_since = time.monotonic()
 
@@ -122,6 +123,42 @@ class Mode:
         stats.aborted += len(stopped)
         stats.aborted_tokens += sum(sum(e.generated) for e in stopped)
         return len(stopped)
+
+    def cut_stragglers(self, version: int) -> int:
+        """``--stale-policy cut``: once the trainer is at `version`, the last version a group whose oldest action
+        token is ``version - max_staleness`` can be trained on, send every such group that has at least half of
+        its episodes finished without the rest: its unfinished episodes are stopped (those not started are never
+        started) and recorded as not trained -> how many episodes were cut. Called once a version."""
+        if version <= self._cut_checked:
+            return 0
+        self._cut_checked = version
+        last = version - self.cfg.max_staleness  # groups this old must be taken now or never
+        size = self.cfg.episodes_per_task
+        running: dict[int, list] = {}
+        for slot in self.rollout.slots.values():
+            running.setdefault(slot.episode.tag[0], []).append(slot.episode)
+        for serial, _, _ in self.waiting:  # a group whose rest has not started yet
+            running.setdefault(serial, [])
+        chosen = []
+        for serial, episodes in running.items():
+            finished = self.groups.done.get(serial, [])
+            if 2 * len(finished) < size:
+                continue
+            tags = [v for e in (*finished, *episodes) for v, g in zip(e.version, e.generated) if g]
+            if tags and min(tags) == last:
+                chosen.append(serial)
+        if not chosen:
+            return 0
+        cut = set(chosen)
+        stopped = self.rollout.abort(lambda e: e.tag[0] not in cut)
+        unstarted = [w for w in self.waiting if w[0] in cut]
+        self.waiting = deque(w for w in self.waiting if w[0] not in cut)
+        stats = self.worker.stats
+        stats.cut += len(stopped) + len(unstarted)
+        stats.cut_tokens += sum(sum(e.generated) for e in stopped)
+        for serial in chosen:
+            self.done_group(*self.groups.cut(serial))
+        return len(stopped) + len(unstarted)
 
     def finished(self, episodes) -> None:
         for episode in episodes:
