@@ -125,8 +125,8 @@ def test_resume_last_over_checkpoints_that_cannot_be_read_is_an_error(tmp_path, 
         pytest.param(False, 0, "drop", marks=pytest.mark.slow),
         pytest.param(True, 0, "drop", marks=pytest.mark.slow),
         pytest.param(False, 8, "drop", marks=pytest.mark.slow),
-        *[pytest.param(False, 8, p, marks=pytest.mark.slow) for p in ("mask", "abort", "oldest-first")],
-        *[pytest.param(True, 8, p, marks=pytest.mark.slow) for p in ("mask", "abort", "oldest-first")],
+        *[pytest.param(False, 8, p, marks=pytest.mark.slow) for p in ("mask", "abort", "oldest-first", "cut")],
+        *[pytest.param(True, 8, p, marks=pytest.mark.slow) for p in ("mask", "abort", "oldest-first", "cut")],
     ],
 )
 def test_sigkill_at_a_random_moment_then_resume_loses_and_repeats_nothing(
