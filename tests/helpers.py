@@ -193,10 +193,24 @@ def wait_until(condition, timeout: float, what: str, poll: float = 0.02):
 
 
 def history_lines(path: Path) -> list[dict]:
-    """Every JSON line of a history file, in the order written."""
+    """Every complete JSON line of a history file, in the order written. A line still being written (no newline
+    yet: the file is read while the run appends) is not one; neither is the torn line a kill left, which the
+    resumed run set apart on a line of its own (lrl.checkpoint.HistoryFile) and whose step it wrote again."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = text.split("\n")[:-1]  # the part after the last newline is unfinished
+    out = []
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if number == len(lines) - 1 or not lines[number + 1].strip().startswith("{"):
+                raise
+            continue  # torn by a kill: the next line starts afresh
+    return out
 
 
 def merged(invocations: list[list[dict]]) -> list[dict]:

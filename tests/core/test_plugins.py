@@ -137,6 +137,7 @@ def test_a_broken_plugin_is_a_config_error(tmp_path, monkeypatch, source, match)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "bad_plugin" in out.stderr
 
 
+@pytest.mark.slow  # 15 s on 2 cores: out of the default run (pytest -m slow)
 def test_help_lists_registered_entries():
     out = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), "--plugins", "my_plugin", "--help"],

@@ -74,6 +74,7 @@ def test_tinyagent_speaks_through_the_bpe_tokenizer(bpe_dir):
     assert env.step(tok.encode("read read") + [tok.eos_id]).info["invalid"]
 
 
+@pytest.mark.slow  # 21 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_few_training_steps_through_the_bpe_tokenizer(bpe_dir):
     tok = load_tokenizer(bpe_dir)
     policy = train_base(tok, BaseConfig(rule_steps=0, steps=40, read_prob=0.3))

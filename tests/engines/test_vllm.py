@@ -48,6 +48,7 @@ def vllm_run(policy, callbacks=(), **kw):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.slow  # 62-70 s each on 2 cores: out of the default run
 def test_every_sync_is_exact_in_float32(format_policy, temperature):
     run = vllm_run(format_policy, max_steps=6, temperature=temperature)
     gaps = [h["mismatch/abs_mean"] for h in run.module.history]
@@ -56,6 +57,7 @@ def test_every_sync_is_exact_in_float32(format_policy, temperature):
     assert run.module.history[-1]["train/action_tokens"] > 0
 
 
+@pytest.mark.slow  # 15 s on 2 cores: out of the default run (pytest -m slow)
 def test_lag_gives_the_tags_of_the_built_in_lagged_sampler(format_policy):
     engine, builtin = Tags(), Tags()
     vllm_run(format_policy, [engine], max_steps=5, lag=2)
@@ -74,6 +76,7 @@ def test_sync_every_three_cycles_staleness_zero_one_two(format_policy):
     assert [h["staleness/token_max"] for h in run.module.history] == stale
 
 
+@pytest.mark.slow  # 42 s on 2 cores: out of the default run (pytest -m slow)
 def test_async_workers_with_the_engine_keep_the_bound(format_policy):
     tokens = []
 
@@ -97,6 +100,7 @@ def test_async_workers_with_the_engine_keep_the_bound(format_policy):
     assert all(h["mismatch/abs_mean"] < 1e-5 for h in run.module.history if h["staleness/token_max"] == 0)
 
 
+@pytest.mark.slow  # 82 s on 2 cores: out of the default run (pytest -m slow)
 def test_sigkill_and_resume_give_the_uninterrupted_curves(tmp_path, tok, format_policy):
     save_policy(format_policy, tok, tmp_path / "policy")
     base = [sys.executable, str(ROOT / "train.py"), "--sampler", "vllm", "--model", str(tmp_path / "policy")]

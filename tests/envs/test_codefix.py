@@ -402,6 +402,7 @@ def _slow_run(tmp_path):
     return args, logs, history
 
 
+@pytest.mark.slow  # 42 s on 2 cores: out of the default run (pytest -m slow)
 def test_sigkill_of_the_trainer_in_tool_calls_leaves_no_worker_or_sandbox_10_s_later(tmp_path):
     args, _, _ = _slow_run(tmp_path)
     env, mark = marked_env()

@@ -205,8 +205,17 @@ def test_timeouts_and_errors_are_logged_apart_from_agent_failures(format_policy)
     assert first["env/failures"] == pytest.approx(2 / 40)
 
 
+S = pytest.mark.slow  # 12-14 s each: one in the default run
+
+
 @pytest.mark.parametrize(
-    "eta, slots, partial", [(1, 4, "interrupt"), (2, 16, "drain"), (0, 8, "interrupt"), (1, 32, "drain")]
+    "eta, slots, partial",
+    [
+        pytest.param(1, 4, "interrupt", marks=S),
+        pytest.param(2, 16, "drain", marks=S),
+        (0, 8, "interrupt"),
+        pytest.param(1, 32, "drain", marks=S),
+    ],
 )
 def test_no_trained_token_is_staler_than_the_bound_with_slots(format_policy, eta, slots, partial):
     tokens = Tokens()

@@ -77,6 +77,7 @@ def without_timing(lines: list[dict]) -> list[dict]:
 
 
 # -- 1. an async checkpoint resumes, from its own step --------------------------------------------------
+@pytest.mark.slow  # 70 s on 2 cores: out of the default run (pytest -m slow)
 def test_an_async_checkpoint_resumes_from_its_step_with_last_and_with_a_path(tmp_path, model_dir):
     history = tmp_path / "h.jsonl"
     args = async_args(model_dir, tmp_path / "runs", "--checkpoint-every", "1", "--history-file", str(history))
@@ -121,7 +122,7 @@ def test_resume_last_over_checkpoints_that_cannot_be_read_is_an_error(tmp_path, 
         # the deterministic equality (merged history equal to an uninterrupted run's), with slots and a kill
         # during tool waits; the free-running variants check the ledger alone and run with -m slow, as do the
         # staleness policies (--stale-policy: what a kill may not lose is also what was masked or aborted)
-        (True, 8, "drop"),
+        pytest.param(True, 8, "drop", marks=pytest.mark.slow),  # 68 s; threads: test_thread_backend, by default
         pytest.param(False, 0, "drop", marks=pytest.mark.slow),
         pytest.param(True, 0, "drop", marks=pytest.mark.slow),
         pytest.param(False, 8, "drop", marks=pytest.mark.slow),
@@ -178,6 +179,7 @@ def test_sigkill_at_a_random_moment_then_resume_loses_and_repeats_nothing(
 
 
 # -- 3. no process of the run outlives it -----------------------------------------------------------
+@pytest.mark.slow  # 36 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_trainer_killed_soon_after_spawning_its_workers_leaves_no_process(tmp_path, model_dir):
     runs = []
     for delay in (0.2, 0.8, 1.5):  # three runs at once: each is killed `delay` s after its workers appear
@@ -196,6 +198,7 @@ def test_a_trainer_killed_soon_after_spawning_its_workers_leaves_no_process(tmp_
     assert not any(left.values()), left
 
 
+@pytest.mark.slow  # 32 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_stopped_worker_ends_the_run_within_the_heartbeat_timeout(tmp_path, model_dir):
     history = tmp_path / "h.jsonl"
     args = async_args(model_dir, tmp_path / "runs", "--max-steps", "1000", "--history-file", str(history))
@@ -217,6 +220,7 @@ def test_a_stopped_worker_ends_the_run_within_the_heartbeat_timeout(tmp_path, mo
     wait_until(lambda: not processes_of(mark), 10, "every process of the run to end")
 
 
+@pytest.mark.slow  # 28 s on 2 cores: out of the default run (pytest -m slow)
 def test_sigterm_to_the_process_group_stops_with_a_checkpoint(tmp_path, model_dir):
     history = tmp_path / "h.jsonl"
     ckpts = tmp_path / "ck"
@@ -240,6 +244,7 @@ def test_sigterm_to_the_process_group_stops_with_a_checkpoint(tmp_path, model_di
     wait_until(lambda: not processes_of(mark), 10, "every process of the run to end")
 
 
+@pytest.mark.slow  # 38 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_worker_killed_with_sigkill_is_one_line_naming_it_and_its_exit(tmp_path, model_dir):
     history = tmp_path / "h.jsonl"
     args = async_args(model_dir, tmp_path / "runs", "--max-steps", "1000", "--history-file", str(history))

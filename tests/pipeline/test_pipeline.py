@@ -38,7 +38,14 @@ def async_cfg(**kw):
     return quick_cfg(**{**base, **kw})
 
 
-@pytest.mark.parametrize("eta, workers, partial", [(0, 1, "interrupt"), (1, 2, "interrupt"), (2, 1, "drain")])
+@pytest.mark.parametrize(
+    "eta, workers, partial",
+    [
+        (0, 1, "interrupt"),
+        pytest.param(1, 2, "interrupt", marks=pytest.mark.slow),
+        pytest.param(2, 1, "drain", marks=pytest.mark.slow),
+    ],  # 17-33 s each
+)
 def test_no_trained_token_is_staler_than_the_bound(format_policy, eta, workers, partial):
     tokens = Tokens()
     cfg = async_cfg(max_staleness=eta, rollout_workers=workers, partial_rollouts=partial)
@@ -200,6 +207,7 @@ def test_deterministic_async_repeats_exactly(format_policy, tmp_path):
     assert history_without_times(resumed) == a
 
 
+@pytest.mark.slow  # 20 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_crashing_worker_stops_the_run_with_a_clear_error(format_policy, monkeypatch):
     from lrl.pipeline import WorkerError
 

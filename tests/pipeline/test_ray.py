@@ -144,6 +144,7 @@ def local_deterministic(model_dir, tmp_path_factory):
 
 
 # -- placement, weights and the bound -------------------------------------------------------------------
+@pytest.mark.slow  # 62 s on 2 cores: out of the default run (pytest -m slow)
 def test_two_actors_are_placed_on_two_nodes_and_the_bound_holds_per_token(cluster, format_policy):
     tokens = Tokens()
     cfg = quick_cfg(
@@ -172,6 +173,7 @@ def test_two_actors_are_placed_on_two_nodes_and_the_bound_holds_per_token(cluste
 
 
 # -- the backend does not change the result ----------------------------------------------------------------
+@pytest.mark.slow  # 35 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_deterministic_run_on_ray_equals_the_local_one(cluster, model_dir, tmp_path, local_deterministic):
     history = tmp_path / "h.jsonl"
     extra = ["--rollout-backend", "ray", "--ray-address", cluster.address, "--history-file", str(history)]
@@ -184,6 +186,7 @@ def test_a_deterministic_run_on_ray_equals_the_local_one(cluster, model_dir, tmp
 
 
 # -- a killed trainer, resumed ------------------------------------------------------------------------------
+@pytest.mark.slow  # 51 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_killed_trainer_resumes_losslessly_and_the_cluster_ends_its_actors(cluster, model_dir, tmp_path):
     history = tmp_path / "h.jsonl"
     steps = 8
@@ -256,6 +259,7 @@ def after_first_step(history: Path, action) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow  # 17 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_killed_actor_ends_the_run_with_one_line_naming_it_and_its_node(cluster, model_dir, tmp_path):
     history = tmp_path / "h.jsonl"
     extra = ["--rollout-backend", "ray", "--ray-address", cluster.address, "--max-steps", "60"]
@@ -276,6 +280,7 @@ def cpus_in_use(cluster) -> float:
     return float(found.group(1)) if found else float("inf")
 
 
+@pytest.mark.slow  # 29 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_lost_node_is_survived_with_restarts_and_the_result_does_not_change(
     cluster, model_dir, tmp_path, local_deterministic
 ):

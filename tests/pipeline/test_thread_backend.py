@@ -51,6 +51,7 @@ def test_no_trained_token_is_staler_than_the_bound_on_threads(format_policy, eta
 DETERMINISTIC = ["--deterministic", "true", "--max-staleness", "1", "--max-steps", "4"]
 
 
+@pytest.mark.slow  # 26 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_deterministic_run_on_threads_equals_the_one_on_processes(model_dir, tmp_path):
     histories = {}
     for backend in ("local", "thread"):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import lightning as L
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -65,6 +66,7 @@ class Weights(L.Callback):
         self.after_step.append(torch.cat([p.detach().flatten() for p in module.policy.parameters()]))
 
 
+@pytest.mark.slow  # 41 s on 2 cores: out of the default run (pytest -m slow)
 def test_ddp_two_ranks_match_each_other_and_one_process(tmp_path, tok, format_policy):
     save_policy(format_policy, tok, tmp_path / "policy")
     out = tmp_path / "ddp"

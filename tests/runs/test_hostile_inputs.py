@@ -58,6 +58,7 @@ def test_a_history_file_that_is_not_an_lrl_history_is_left_alone(tmp_path, model
     assert config.read_text() == "lr: 0.001\nmax_steps: 3\n"
 
 
+@pytest.mark.slow  # 15 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_checkpoint_dir_in_use_by_a_live_run_is_refused(tmp_path, model_dir):
     shared = tmp_path / "ck"
     history = tmp_path / "first.jsonl"

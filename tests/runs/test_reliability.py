@@ -28,6 +28,7 @@ def quick(model_dir, logs, *extra) -> list[str]:
 
 # -- tools and the workers that wait on them -----------------------------------------------------------
 @pytest.mark.parametrize("slots", ["4", "0"])
+@pytest.mark.slow  # 19 and 16 s on 2 cores: out of the default run
 def test_a_worker_whose_episodes_all_wait_on_a_long_tool_stays_alive(tmp_path, model_dir, slots):
     """Tools that take longer than --worker-timeout: the worker is waiting, not hung, and says so."""
     args = quick(model_dir, tmp_path / "runs", "--pipeline", "async", "--slots", slots)
@@ -187,6 +188,7 @@ def test_a_signal_during_start_up_is_one_line_and_its_status(tmp_path, model_dir
     assert err.strip() == f"train.py: stopped by {name} before the first step; nothing was trained yet", err
 
 
+@pytest.mark.slow  # 17 s on 2 cores: out of the default run (pytest -m slow)
 def test_sigint_right_after_the_run_folder_is_announced_is_one_line(tmp_path, model_dir):
     proc = start(model_dir, tmp_path / "runs", "--max-steps", "50")
     line = proc.stdout.readline()
@@ -197,6 +199,7 @@ def test_sigint_right_after_the_run_folder_is_announced_is_one_line(tmp_path, mo
     assert len(err.strip().splitlines()) == 1 and "stopped by SIGINT" in err, err
 
 
+@pytest.mark.slow  # 17 s on 2 cores: out of the default run (pytest -m slow)
 def test_sighup_mid_run_stops_with_a_checkpoint_like_sigterm(tmp_path, model_dir):
     history = tmp_path / "h.jsonl"
     proc = start(
@@ -482,8 +485,8 @@ ray_needed = pytest.mark.skipif(
 @pytest.mark.parametrize(
     "args, code, needle",
     [
-        (["--ray-address", "127.0.0.9:1"], 5, "127.0.0.9:1"),
-        (["--ray-address", "auto"], 5, "auto found no running cluster"),
+        pytest.param(["--ray-address", "127.0.0.9:1"], 5, "127.0.0.9:1", marks=pytest.mark.slow),  # 15 s
+        pytest.param(["--ray-address", "auto"], 5, "auto found no running cluster", marks=pytest.mark.slow),  # 21 s
         (["--worker-cpus", "0.00001"], 2, "worker_cpus"),
     ],
 )

@@ -71,6 +71,7 @@ def without_times(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if not k.startswith("time/") and k != "run"} for h in history]
 
 
+@pytest.mark.slow  # 44 s on 2 cores: out of the default run (pytest -m slow)
 def test_sigkill_then_resume_gives_the_uninterrupted_curves(tmp_path, tok, format_policy):
     save_policy(format_policy, tok, tmp_path / "policy")
     ckpt = ["--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "ckpt")]
