@@ -172,6 +172,32 @@ def test_two_actors_are_placed_on_two_nodes_and_the_bound_holds_per_token(cluste
     wait_until(lambda: not cluster.actors(), 15, "the run's actors to end")
 
 
+@pytest.mark.slow  # 10-20 s each once the cluster is up
+@pytest.mark.parametrize("policy", ["mask", "abort", "oldest-first", "cut"])
+def test_every_staleness_policy_keeps_the_bound_on_ray_actors(cluster, format_policy, policy):
+    tokens = Tokens()
+    cfg = quick_cfg(
+        pipeline="async",
+        rollout_backend="ray",
+        ray_address=cluster.address,
+        rollout_workers=2,
+        max_staleness=1,
+        max_steps=6,
+        tasks_per_step=4,
+        eval_at_start=False,
+        slots=8,
+        stale_policy=policy,
+        tool_latency="lognormal:0.02:2.0",  # stragglers: the policy has work past the bound to act on
+    )
+    run = build_run(cfg, callbacks=[tokens], logger=False, policy=copy.deepcopy(format_policy))
+    fit(run)
+    assert tokens.staleness and max(tokens.staleness) <= 1
+    history = run.module.history
+    ledger_is_lossless(history)
+    assert all(h["pipeline/wasted_tokens"] <= h["pipeline/decoded_tokens"] for h in history)
+    wait_until(lambda: not cluster.actors(), 15, "the run's actors to end")
+
+
 # -- the backend does not change the result ----------------------------------------------------------------
 @pytest.mark.slow  # 35 s on 2 cores: out of the default run (pytest -m slow)
 def test_a_deterministic_run_on_ray_equals_the_local_one(cluster, model_dir, tmp_path, local_deterministic):
