@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_policies:
         from lrl.experiments import policies
 
-        return policies.main(Path(args.out) if args.out else policies.ROOT)
+        return policies.main(Path(args.out) if args.out else policies.ROOT, predict_from=args.predict_from)
     if args.designs:
         from lrl.experiments import designs
 

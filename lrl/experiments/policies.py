@@ -24,13 +24,14 @@ def folder(policy: str, root: Path = ROOT) -> Path:
     return root / ("hard" if policy == "drop" else f"hard-{policy}")
 
 
-def compare(root: Path = ROOT, design: str = "async eta=1, partial") -> list[dict]:
-    """One row per policy with runs of `design`: its summary (lrl.experiments.designs.summarise) and its ratio
-    to the synchronous runs of the drop folder."""
+def compare(root: Path = ROOT, design: str = "async eta=1, partial", cal: dict | None = None) -> list[dict]:
+    """One row per policy with runs of `design`: its summary (lrl.experiments.designs.summarise; predicted from
+    the calibration `cal` by the load model when one is given, else from each run itself) and its ratio to the
+    synchronous runs of the drop folder."""
     sync_runs = load_runs(folder("drop", root), ["synchronous"])
     if not sync_runs:
         raise SystemExit(f"{folder('drop', root)}: no synchronous runs to compare with (run --designs chapter)")
-    sync = summarise(sync_runs, True)[0]
+    sync = summarise(sync_runs, True, cal)[0]
     sync_by_seed = {r["repeat"]: x for r, x in zip(sync_runs, sync["per_repeat"])}
     drop_by_seed = {r["repeat"]: r for r in load_runs(folder("drop", root), [design])}
     rows = []
@@ -38,7 +39,7 @@ def compare(root: Path = ROOT, design: str = "async eta=1, partial") -> list[dic
         runs = load_runs(folder(policy, root), [design])
         if not runs:
             continue
-        row = summarise(runs, True, None, policy)[0]
+        row = summarise(runs, True, cal, policy)[0]
         pairs = [(x, sync_by_seed[r["repeat"]]) for r, x in zip(runs, row["per_repeat"]) if r["repeat"] in sync_by_seed]
         if not pairs:
             raise SystemExit(f"{folder(policy, root)}: no seed in common with the synchronous runs")
@@ -72,7 +73,7 @@ def table(rows: list[dict]) -> str:
         "seeds",
         "episodes/s (meas. / pred.)",
         "x sync, per seed (median: meas. / pred.)",
-        "error (in-run)",
+        "error",
         "error (from drop's run)",
         "wasted tokens (meas. / pred.)",
         "dropped",
@@ -114,9 +115,9 @@ def table(rows: list[dict]) -> str:
         f"x sync: each run against the synchronous run of its seed; synchronous {first['sync_episodes_per_s']:.2f} "
         "episodes/s (median)"
         + ("" if sync_pass != sync_pass else f", held-out pass {sync_pass:.2f}")
-        + ". Predicted by the duration model from each run's own episode times (in-run), and from the drop run of "
-        "the same seed (the median error over the seeds: what a user running drop would be told); wasted: share of "
-        "the action tokens decoded that were never trained (measured), of the episodes' work (predicted, in-run)."
+        + f'. Predicted ("error"): from {first["predicted_from"]}; also by the duration model from the drop '
+        "run of the same seed (the median error over the seeds: what a user running drop would be told); wasted: "
+        "share of the action tokens decoded that were never trained (measured), of the episodes' work (predicted)."
     )
     return "\n".join(out) + "\n"
 
@@ -142,7 +143,8 @@ def figure(rows: list[dict], path: Path) -> None:
     ax.axvline(5.0, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("wasted: decoded, never trained (% of decoded)")
     ax.set_ylabel("trained episodes per second, x synchronous")
-    ax.set_title(f"{rows[0]['design']}: staleness policies (filled: measured, hollow: simulated from the run)", fontsize=9)
+    source = rows[0]["predicted_from"]
+    ax.set_title(f"{rows[0]['design']}: staleness policies (filled: measured, hollow: predicted from {source})", fontsize=9)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,10 +152,12 @@ def figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(root: Path = ROOT, design: str = "async eta=1, partial") -> int:
+def main(root: Path = ROOT, design: str = "async eta=1, partial", predict_from: str | None = None) -> int:
+    from lrl.experiments.designs import load_calibration
+
     if design not in DESIGNS:
         raise SystemExit(f"unknown design {design!r}")
-    rows = compare(root, design)
+    rows = compare(root, design, load_calibration(predict_from) if predict_from else None)
     text = table(rows)
     print(text)
     (root / "policies.md").write_text(text)
