@@ -201,3 +201,55 @@ def test_a_runs_waste_and_pass_rate_summaries():
     assert rates["pass_rate_repeats"] == 2 and rates["measured_pass_rate"] == pytest.approx(0.6)
     assert rates["measured_pass_rate_se"] == pytest.approx(0.1)
     assert final_pass_rate({"run_dir": "/nonexistent"}) != final_pass_rate({"run_dir": "/nonexistent"})  # nan
+
+
+def _design_history(period: float, sync: bool, decoded: float = 0.0, wasted: float = 0.0) -> list[dict]:
+    batch = GROUP * GROUPS
+    lines = []
+    for step in range(6):
+        line = {
+            "step": step,
+            "time/end": 5.0 + period * step,
+            "trained_ids": [f"0:{step * batch + i}" for i in range(batch)],
+            "time/episode_seconds": [0.5] * batch,
+            "time/finished_seconds": [[step * batch + i, 0.5] for i in range(batch)],
+            "staleness_counts": [10] if sync else [30, 10],
+            "pipeline/dropped": 0.0,
+        }
+        if sync:
+            line["time/sample"] = period - 0.2
+        else:
+            line |= {"pipeline/trainer_wait": period - 0.2, "pipeline/decoded_tokens": decoded}
+            line |= {"pipeline/wasted_tokens": wasted, "pipeline/masked_tokens": wasted}
+        lines.append(line)
+    return lines
+
+
+def test_the_policy_comparison_pairs_each_run_with_the_synchronous_run_of_its_seed(tmp_path):
+    import json
+
+    from lrl.experiments import policies
+
+    def write(folder: str, name: str, lines: list[dict]) -> None:
+        path = tmp_path / folder / "histories" / f"{name}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    # seed 0 and seed 1 synchronous at a batch every 4 s and 2 s; drop at 2 s and 1 s; mask (seed 0 only) 1 s
+    write("hard", "synchronous-r0", _design_history(4.0, True))
+    write("hard", "synchronous-r1", _design_history(2.0, True))
+    write("hard", "async_eta1_partial-r0", _design_history(2.0, False, 100.0, 10.0))
+    write("hard", "async_eta1_partial-r1", _design_history(1.0, False, 100.0, 30.0))
+    write("hard-mask", "async_eta1_partial-r0", _design_history(1.0, False, 100.0, 5.0))
+    rows = policies.compare(tmp_path)
+    assert [r["stale_policy"] for r in rows] == ["drop", "mask"]  # the policies with runs, in option order
+    drop, mask = rows
+    assert drop["x_sync_per_seed"] == pytest.approx([2.0, 2.0]) and mask["x_sync_per_seed"] == pytest.approx([4.0])
+    assert drop["measured_wasted_share"] == pytest.approx(0.2)  # the median of 0.1 and 0.3
+    assert mask["measured_wasted_share"] == pytest.approx(0.05) and mask["repeats"] == 1
+    text = policies.table(rows)
+    assert "| drop | 2 |" in text and "| mask | 1 |" in text
+    policies.figure(rows, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="no synchronous runs"):
+        policies.compare(tmp_path / "nothing")
