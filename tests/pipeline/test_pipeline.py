@@ -168,6 +168,11 @@ def history_without_times(run) -> list[dict]:
         "pipeline/episodes_per_s",
         "pipeline/queue_depth",
         "pipeline/occ",  # occupancy shares and samples: wall-clock slot-seconds
+        "pipeline/slot_util",  # and the other wall-clock shares and durations
+        "pipeline/generating",
+        "pipeline/tool_wait",
+        "pipeline/episode_seconds",
+        "pipeline/launched_seconds",
     )
     return [{k: v for k, v in h.items() if not k.startswith(timing)} for h in run.module.history]
 
