@@ -246,6 +246,21 @@ def simulate_board(
                 worker.running[ep.index] = ep
                 heapq.heappush(worker.ends, (ep.end, ep.index))
 
+    def stop(worker: _Worker, episodes: list[_Episode], now: float) -> None:
+        """Take `episodes` out of `worker` in flight (abort, cut): what they had decoded is wasted work."""
+        gone = {ep.index for ep in episodes}
+        for ep in episodes:
+            del worker.running[ep.index]
+            launched.append(now - ep.start)
+        if load:
+            work = worker.engine.abort(gone, now) + sum(n for ep in episodes for _, n in ep.tokens)
+        else:  # an episode's unit of work, spread evenly over its time
+            worker.ends[:] = [e for e in worker.ends if e[1] not in gone]
+            heapq.heapify(worker.ends)
+            work = sum(min(1.0, (now - ep.start) / ep.duration) if ep.duration > 0 else 0.0 for ep in episodes)
+        tokens["decoded"] += work
+        tokens["wasted"] += work
+
     def abort_stale(worker: _Worker, now: float) -> None:
         """Stop the episodes in flight that started more than eta versions behind the trainer; their groups'
         tasks go first in the worker's queue, to start again."""
@@ -253,23 +268,10 @@ def simulate_board(
         stale = [ep for ep in worker.running.values() if version - ep.version > eta]
         if not stale:
             return
+        stop(worker, stale, now)
         for ep in stale:
-            del worker.running[ep.index]
             worker.queue.appendleft(ep.group)
-            launched.append(now - ep.start)
-            aborted += 1
-        if load:
-            cut = worker.engine.abort({ep.index for ep in stale}, now)
-            cut += sum(n for ep in stale for _, n in ep.tokens)
-            tokens["decoded"] += cut
-            tokens["wasted"] += cut
-        else:
-            gone = {ep.index for ep in stale}
-            worker.ends[:] = [e for e in worker.ends if e[1] not in gone]
-            heapq.heapify(worker.ends)
-            cut = sum(min(1.0, (now - ep.start) / ep.duration) if ep.duration > 0 else 0.0 for ep in stale)
-            tokens["decoded"] += cut  # an episode's unit of work, spread evenly over its time
-            tokens["wasted"] += cut
+        aborted += len(stale)
 
     def cut_short(worker: _Worker, now: float) -> None:
         """Send every group at its last version with at least half finished without its unfinished episodes."""
@@ -281,22 +283,11 @@ def simulate_board(
             oldest = min(ep.version for ep in (*group_episodes[g], *flying))
             if version - oldest != eta:
                 continue
-            for ep in flying:
-                del worker.running[ep.index]
-                launched.append(now - ep.start)
+            stop(worker, flying, now)
             unstarted = sum(1 for q in worker.queue if q == g)
             if unstarted:
                 worker.queue = deque(q for q in worker.queue if q != g)
             cut += len(flying) + unstarted
-            gone = {ep.index for ep in flying}
-            if load:
-                work = worker.engine.abort(gone, now) + sum(n for ep in flying for _, n in ep.tokens)
-            else:
-                worker.ends[:] = [e for e in worker.ends if e[1] not in gone]
-                heapq.heapify(worker.ends)
-                work = sum(min(1.0, (now - ep.start) / ep.duration) if ep.duration > 0 else 0.0 for ep in flying)
-            tokens["decoded"] += work
-            tokens["wasted"] += work
             del group_left[g]
             finished.append(g)
             pool[group_worker.pop(g)].held -= E if release == "group" else len(flying) + unstarted

@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from lrl.pipeline.messages import Group, Work
+from lrl.pipeline.schedule import oldest_tag
 
 
 class Mode:
@@ -111,11 +112,7 @@ class Mode:
             return 0
         self._abort_checked = version
         oldest = version - self.cfg.max_staleness
-
-        def trainable(episode) -> bool:
-            return all(v >= oldest for v, g in zip(episode.version, episode.generated) if g)
-
-        stopped = self.rollout.abort(trainable)
+        stopped = self.rollout.abort(lambda episode: oldest_tag([episode]) >= oldest)
         for episode in reversed(stopped):
             serial, j = episode.tag
             self.waiting.appendleft((serial, j, self.groups.tasks[serial]))
@@ -144,8 +141,7 @@ class Mode:
             finished = self.groups.done.get(serial, [])
             if 2 * len(finished) < size:
                 continue
-            tags = [v for e in (*finished, *episodes) for v, g in zip(e.version, e.generated) if g]
-            if tags and min(tags) == last:
+            if oldest_tag([*finished, *episodes]) == last:  # a group with no action token yet never equals it
                 chosen.append(serial)
         if not chosen:
             return 0
