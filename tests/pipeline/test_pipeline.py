@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 from conftest import quick_cfg
 from helpers import Tokens
@@ -177,6 +178,21 @@ def history_without_times(run) -> list[dict]:
     return [{k: v for k, v in h.items() if not k.startswith(timing)} for h in run.module.history]
 
 
+class Died(Exception):
+    pass
+
+
+class DieAfter(L.Callback):
+    """Raise as the step after `steps` begins: its checkpoint is written, the next batch already drawn."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if len(module.history) == self.steps:
+            raise Died(f"died after step {self.steps}")
+
+
 @pytest.mark.slow
 def test_deterministic_async_repeats_exactly(format_policy, tmp_path):
     cfg = async_cfg(
@@ -194,14 +210,17 @@ def test_deterministic_async_repeats_exactly(format_policy, tmp_path):
     a, b = history_without_times(first), history_without_times(second)
     assert a == b and len(a) == 6
     assert max(h["staleness/token_max"] for h in a) == 1  # concurrent and stale, yet repeatable
-    # a run cut at step 4 and resumed from its checkpoint gives the same curve
+    # a run that dies after step 4 (the same config: a shorter max_steps would change the learning-rate schedule)
+    # and is resumed from its step-4 checkpoint gives the same curve
     cut = build_run(
-        cfg.replace(log_dir=str(tmp_path / "c"), max_steps=4),
-        callbacks=[],
+        cfg.replace(log_dir=str(tmp_path / "c")),
+        callbacks=[DieAfter(4)],
         logger=False,
         policy=copy.deepcopy(format_policy),
     )
-    fit(cut)
+    with pytest.raises(Died):
+        fit(cut)
+    assert len(cut.module.history) == 4
     resumed = build_run(
         cfg.replace(log_dir=str(tmp_path / "c"), resume="last"),
         callbacks=[],
