@@ -122,11 +122,16 @@ def test_resume_last_over_checkpoints_that_cannot_be_read_is_an_error(tmp_path, 
         # the deterministic equality (merged history equal to an uninterrupted run's), with slots and a kill
         # during tool waits; the free-running variants check the ledger alone and run with -m slow, as do the
         # staleness policies (--stale-policy: what a kill may not lose is also what was masked or aborted)
-        pytest.param(True, 8, "drop", marks=pytest.mark.slow),  # 68 s; threads: test_thread_backend, by default
+        pytest.param(
+            True, 8, "drop", marks=pytest.mark.slow
+        ),  # 68 s; threads: test_thread_backend, by default
         pytest.param(False, 0, "drop", marks=pytest.mark.slow),
         pytest.param(True, 0, "drop", marks=pytest.mark.slow),
         pytest.param(False, 8, "drop", marks=pytest.mark.slow),
-        *[pytest.param(False, 8, p, marks=pytest.mark.slow) for p in ("mask", "abort", "oldest-first", "cut")],
+        *[
+            pytest.param(False, 8, p, marks=pytest.mark.slow)
+            for p in ("mask", "abort", "oldest-first", "cut")
+        ],
         *[pytest.param(True, 8, p, marks=pytest.mark.slow) for p in ("mask", "abort", "oldest-first", "cut")],
     ],
 )
@@ -260,18 +265,31 @@ def test_a_worker_killed_with_sigkill_is_one_line_naming_it_and_its_exit(tmp_pat
 
 
 # -- 4. a bound far above the run's length ---------------------------------------------------------------
-@pytest.mark.slow  # 16 s: a regression guard for one defect (a bound far above the run's length once hung)
+@pytest.mark.slow  # 16-37 s: a regression guard for one defect (a bound far above the run's length once hung)
 def test_a_huge_staleness_bound_finishes_promptly(tmp_path, model_dir):
-    start = time.time()
     shape = ["--tasks-per-step", "8", "--episodes-per-task", "8"]  # about 8,000 groups allowed at once
+    history = tmp_path / "h.jsonl"
     proc = popen(
-        async_args(model_dir, tmp_path / "runs", "--max-steps", "2", "--max-staleness", "1000", *shape)
+        async_args(
+            model_dir,
+            tmp_path / "runs",
+            "--max-steps",
+            "2",
+            "--max-staleness",
+            "1000",
+            *shape,
+            "--history-file",
+            str(history),
+        )
     )
-    try:
-        _, err = proc.communicate(timeout=60)
+    try:  # the hang guard: the same run takes 16-37 s on 2 cores (no wall-clock target asserted here)
+        _, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
         raise AssertionError("the run hung") from None
     assert proc.returncode == 0, err[-2000:]
-    assert time.time() - start < 30
+    rows = history_lines(history)
+    assert [h["step"] for h in rows] == [0, 1]
+    # what the bound allows is not what the workers start: at the end a few batches are in flight, not thousands
+    assert 0 < len(rows[-1]["unfinished_ids"]) <= 4 * 8 * 8
