@@ -30,7 +30,13 @@ if not os.environ.get(SESSION_TMP):
 
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):  # the controller, once every worker is done
-        shutil.rmtree(os.environ[SESSION_TMP], ignore_errors=True)
+        import multiprocessing.util
+
+        # at exit, after multiprocessing removes its own folder (priority -100; run without workers, -n 0, the
+        # controller has one in the session folder and its removal failed on a folder already gone)
+        multiprocessing.util.Finalize(
+            None, shutil.rmtree, args=(os.environ[SESSION_TMP], True), exitpriority=-101
+        )
 
 
 warnings.filterwarnings("ignore", ".*dataloader_iter.*")
