@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         "--env",
         choices=("tinyagent", "codefix"),
         default="tinyagent",
-        help="with --designs: TinyAgent with drawn tool latencies, or codefix's real sandboxed test runs",
+        help="with --designs (and --compare-policies): TinyAgent with drawn tool latencies, or codefix's real "
+        "sandboxed test runs",
     )
     p.add_argument(
         "--slots", type=int, default=None, help="with --designs: slots of the rollout engine (default 64)"
@@ -222,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_policies:
         from lrl.experiments import policies
 
-        return policies.main(Path(args.out) if args.out else policies.ROOT, predict_from=args.predict_from)
+        return policies.main(
+            Path(args.out) if args.out else policies.ROOT, predict_from=args.predict_from, env=args.env
+        )
     if args.designs:
         from lrl.experiments import designs
 

@@ -3,7 +3,8 @@
 throughput against waste, measured and predicted.
 
 Each policy's runs are in ``results/designs/hard`` (``drop``, with the synchronous runs the ratios are taken
-against) and ``results/designs/hard-<policy>``; a design a folder lacks is left out. The prediction beside each
+against) and ``results/designs/hard-<policy>`` (``codefix-hard`` and ``codefix-hard-<policy>`` with ``--env codefix``,
+written to ``policies-codefix.md``); a design a folder lacks is left out. The prediction beside each
 measurement is the simulator's for that run, from the run's own episode times (the duration model, which counts
 an episode as one unit of work spread over its time); the waste measured is in action tokens.
 """
@@ -20,40 +21,55 @@ from lrl.experiments.stats import median
 ROOT = Path("results/designs")
 
 
-def folder(policy: str, root: Path = ROOT) -> Path:
-    return root / ("hard" if policy == "drop" else f"hard-{policy}")
+def folder(policy: str, root: Path = ROOT, env: str = "tinyagent") -> Path:
+    prefix = "codefix-" if env == "codefix" else ""  # as lrl.experiments.designs names its folders
+    return root / (f"{prefix}hard" if policy == "drop" else f"{prefix}hard-{policy}")
 
 
-def compare(root: Path = ROOT, design: str = "async eta=1, partial", cal: dict | None = None) -> list[dict]:
+def compare(
+    root: Path = ROOT, design: str = "async eta=1, partial", cal: dict | None = None, env: str = "tinyagent"
+) -> list[dict]:
     """One row per policy with runs of `design`: its summary (lrl.experiments.designs.summarise; predicted from
     the calibration `cal` by the load model when one is given, else from each run itself) and its ratio to the
     synchronous runs of the drop folder."""
-    sync_runs = load_runs(folder("drop", root), ["synchronous"])
+    sync_runs = load_runs(folder("drop", root, env), ["synchronous"])
     if not sync_runs:
-        raise SystemExit(f"{folder('drop', root)}: no synchronous runs to compare with (run --designs chapter)")
+        raise SystemExit(
+            f"{folder('drop', root, env)}: no synchronous runs to compare with (run --designs chapter)"
+        )
     sync = summarise(sync_runs, True, cal)[0]
     sync_by_seed = {r["repeat"]: x for r, x in zip(sync_runs, sync["per_repeat"])}
-    drop_by_seed = {r["repeat"]: r for r in load_runs(folder("drop", root), [design])}
+    drop_by_seed = {r["repeat"]: r for r in load_runs(folder("drop", root, env), [design])}
     rows = []
     for policy in STALE_POLICIES:
-        runs = load_runs(folder(policy, root), [design])
+        runs = load_runs(folder(policy, root, env), [design])
         if not runs:
             continue
         row = summarise(runs, True, cal, policy)[0]
-        pairs = [(x, sync_by_seed[r["repeat"]]) for r, x in zip(runs, row["per_repeat"]) if r["repeat"] in sync_by_seed]
+        pairs = [
+            (x, sync_by_seed[r["repeat"]])
+            for r, x in zip(runs, row["per_repeat"])
+            if r["repeat"] in sync_by_seed
+        ]
         if not pairs:
-            raise SystemExit(f"{folder(policy, root)}: no seed in common with the synchronous runs")
+            raise SystemExit(f"{folder(policy, root, env)}: no seed in common with the synchronous runs")
         # each run against the synchronous run of its own seed (the seeds' workloads differ: a policy that learns
         # to call more tools makes longer episodes), then the median over the seeds
-        row["x_sync"] = median([a["measured"]["episodes_per_s"] / b["measured"]["episodes_per_s"] for a, b in pairs])
+        row["x_sync"] = median(
+            [a["measured"]["episodes_per_s"] / b["measured"]["episodes_per_s"] for a, b in pairs]
+        )
         row["predicted_x_sync"] = median(
             [a["predicted"]["episodes_per_s"] / b["predicted"]["episodes_per_s"] for a, b in pairs]
         )
-        row["x_sync_per_seed"] = [a["measured"]["episodes_per_s"] / b["measured"]["episodes_per_s"] for a, b in pairs]
+        row["x_sync_per_seed"] = [
+            a["measured"]["episodes_per_s"] / b["measured"]["episodes_per_s"] for a, b in pairs
+        ]
         # the planner's question: the policy predicted from the drop run of the same seed (its episode times, which
         # no policy has censored), against the policy's own run
         cross = [
-            predicted(drop_by_seed[r["repeat"]], True, policy)["episodes_per_s"] / measured(r)["episodes_per_s"] - 1
+            predicted(drop_by_seed[r["repeat"]], True, policy)["episodes_per_s"]
+            / measured(r)["episodes_per_s"]
+            - 1
             for r in runs
             if r["repeat"] in drop_by_seed
         ]
@@ -144,7 +160,10 @@ def figure(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("wasted: decoded, never trained (% of decoded)")
     ax.set_ylabel("trained episodes per second, x synchronous")
     source = rows[0]["predicted_from"]
-    ax.set_title(f"{rows[0]['design']}: staleness policies (filled: measured, hollow: predicted from {source})", fontsize=9)
+    ax.set_title(
+        f"{rows[0]['design']}: staleness policies (filled: measured, hollow: predicted from {source})",
+        fontsize=9,
+    )
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,15 +171,21 @@ def figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(root: Path = ROOT, design: str = "async eta=1, partial", predict_from: str | None = None) -> int:
+def main(
+    root: Path = ROOT,
+    design: str = "async eta=1, partial",
+    predict_from: str | None = None,
+    env: str = "tinyagent",
+) -> int:
     from lrl.experiments.designs import load_calibration
 
     if design not in DESIGNS:
         raise SystemExit(f"unknown design {design!r}")
-    rows = compare(root, design, load_calibration(predict_from) if predict_from else None)
+    rows = compare(root, design, load_calibration(predict_from) if predict_from else None, env)
     text = table(rows)
     print(text)
-    (root / "policies.md").write_text(text)
-    figure(rows, root / "policies.png")
-    print(f"wrote {root / 'policies.md'}, {root / 'policies.png'}")
+    name = "policies" if env == "tinyagent" else f"policies-{env}"
+    (root / f"{name}.md").write_text(text)
+    figure(rows, root / f"{name}.png")
+    print(f"wrote {root / (name + '.md')}, {root / (name + '.png')}")
     return 0

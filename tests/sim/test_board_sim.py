@@ -253,3 +253,10 @@ def test_the_policy_comparison_pairs_each_run_with_the_synchronous_run_of_its_se
     assert (tmp_path / "p.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="no synchronous runs"):
         policies.compare(tmp_path / "nothing")
+    # codefix's runs live in folders of their own: the same histories there give the same rows
+    for folder in ("hard", "hard-mask"):
+        (tmp_path / folder).rename(tmp_path / f"codefix-{folder}")
+    with pytest.raises(SystemExit, match="no synchronous runs"):
+        policies.compare(tmp_path)
+    codefix = policies.compare(tmp_path, env="codefix")
+    assert [r["x_sync_per_seed"] for r in codefix] == [r["x_sync_per_seed"] for r in rows]
