@@ -271,6 +271,7 @@ def test_start_and_stop_cycles_leave_no_process_behind(format_policy, monkeypatc
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 10-16 s a cycle on 2 cores: past the default 600 s
 def test_fifty_start_and_stop_cycles(format_policy, monkeypatch):
     monkeypatch.setenv("LRL_PIPELINE_CYCLES", "50")
     test_start_and_stop_cycles_leave_no_process_behind(format_policy, monkeypatch)
