@@ -195,6 +195,16 @@ def test_every_staleness_policy_keeps_the_bound_on_ray_actors(cluster, format_po
     history = run.module.history
     ledger_is_lossless(history)
     assert all(h["pipeline/wasted_tokens"] <= h["pipeline/decoded_tokens"] for h in history)
+    # the policy acted on the actors' work, not only the option was accepted
+    acted = {
+        "mask": "pipeline/masked_tokens",
+        "abort": "pipeline/aborted",
+        "cut": "pipeline/cut",
+    }
+    if policy in acted:
+        assert sum(h[acted[policy]] for h in history) > 0, [h[acted[policy]] for h in history]
+    else:  # oldest-first acts in the controller's schedule, the same whatever the backend
+        assert run.source.schedule.oldest_first
     wait_until(lambda: not cluster.actors(), 15, "the run's actors to end")
 
 
