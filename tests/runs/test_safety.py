@@ -503,7 +503,10 @@ def test_every_path_option_gives_a_clear_error_or_a_working_run(model_dir, tmp_p
         if option != "--model":
             args += ["--model", str(model_dir)]
         done = train(*args)
-        assert done.returncode in (0, 2), (option, kind, done.stderr[-1500:])
+        # 4: the micro run's one step had no group with contrast between its episodes (chance, with 2 x 2
+        # episodes): a clean exit of its own, not what this test is about
+        learned_nothing = done.returncode == 4 and "train.py: nothing was learned" in done.stderr
+        assert done.returncode in (0, 2) or learned_nothing, (option, kind, done.stderr[-1500:])
         assert "Traceback" not in done.stderr, (option, kind, done.stderr[-1500:])
         if done.returncode == 2:
             assert done.stderr.count("\n") == 1 and done.stderr.startswith("train.py: error: "), done.stderr
