@@ -115,7 +115,12 @@ def run_once(
     if not history.exists():
         tmp = history.with_suffix(".partial")
         tmp.unlink(missing_ok=True)
-        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop, env, slots, frozen, policy), *extra]
+        cmd = [
+            sys.executable,
+            "train.py",
+            *run_flags(design, repeat, drop, env, slots, frozen, policy),
+            *extra,
+        ]
         cmd += ["--log-dir", str(out / "runs"), "--run-name", name, "--history-file", str(tmp)]
         done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
         if done.returncode != 0:
@@ -421,7 +426,11 @@ def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> l
         pol = "drop" if DESIGNS[design].get("sync") else policy
         inrun = [predicted(r, drop, pol) for r in mine]
         calibration = cal if callable(cal) or cal is None else (lambda _r, c=cal: c)
-        p = [predicted_from(r, drop, calibration(r["repeat"]), pol) for r in mine] if cal is not None else inrun
+        p = (
+            [predicted_from(r, drop, calibration(r["repeat"]), pol) for r in mine]
+            if cal is not None
+            else inrun
+        )
         rows.append(
             {
                 "design": design,
@@ -484,13 +493,18 @@ def load_runs(out: Path, chosen: list[str], slots: int = SLOTS) -> list[dict]:
     return runs
 
 
+def env_prefix(env: str) -> str:
+    """What the folders of an environment's runs begin with (``results/designs/<prefix>hard...``)."""
+    return "codefix-" if env == "codefix" else ""
+
+
 def main(args, extra: list[str]) -> int:
     """``python -m lrl.experiments.pipeline --designs chapter``: run (or reuse), summarise, report."""
     from lrl.experiments.designs_report import markdown, plot, projection
 
     drop = args.staleness_drop
     env = getattr(args, "env", "tinyagent")
-    prefix = "codefix-" if env == "codefix" else ""
+    prefix = env_prefix(env)
     slots = args.slots or SLOTS
     frozen = bool(getattr(args, "freeze_policy", False))
     policy = getattr(args, "stale_policy", "drop")

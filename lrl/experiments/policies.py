@@ -15,14 +15,14 @@ import math
 from pathlib import Path
 
 from lrl.config import STALE_POLICIES
-from lrl.experiments.designs import DESIGNS, load_runs, measured, predicted, summarise
+from lrl.experiments.designs import DESIGNS, env_prefix, load_runs, measured, predicted, summarise
 from lrl.experiments.stats import median
 
 ROOT = Path("results/designs")
 
 
 def folder(policy: str, root: Path = ROOT, env: str = "tinyagent") -> Path:
-    prefix = "codefix-" if env == "codefix" else ""  # as lrl.experiments.designs names its folders
+    prefix = env_prefix(env)
     return root / (f"{prefix}hard" if policy == "drop" else f"{prefix}hard-{policy}")
 
 
@@ -55,15 +55,13 @@ def compare(
             raise SystemExit(f"{folder(policy, root, env)}: no seed in common with the synchronous runs")
         # each run against the synchronous run of its own seed (the seeds' workloads differ: a policy that learns
         # to call more tools makes longer episodes), then the median over the seeds
-        row["x_sync"] = median(
-            [a["measured"]["episodes_per_s"] / b["measured"]["episodes_per_s"] for a, b in pairs]
-        )
-        row["predicted_x_sync"] = median(
-            [a["predicted"]["episodes_per_s"] / b["predicted"]["episodes_per_s"] for a, b in pairs]
-        )
         row["x_sync_per_seed"] = [
             a["measured"]["episodes_per_s"] / b["measured"]["episodes_per_s"] for a, b in pairs
         ]
+        row["x_sync"] = median(row["x_sync_per_seed"])
+        row["predicted_x_sync"] = median(
+            [a["predicted"]["episodes_per_s"] / b["predicted"]["episodes_per_s"] for a, b in pairs]
+        )
         # the planner's question: the policy predicted from the drop run of the same seed (its episode times, which
         # no policy has censored), against the policy's own run
         cross = [
@@ -112,7 +110,7 @@ def table(rows: list[dict]) -> str:
             f"{r['measured_episodes_per_s']:.2f} / {r['predicted_episodes_per_s']:.2f}",
             f"{', '.join(f'{x:.2f}' for x in r['x_sync_per_seed'])} ({r['x_sync']:.2f} / {r['predicted_x_sync']:.2f})",
             f"{100 * err:+.1f}%",
-            "-" if r["from_drop_error"] != r["from_drop_error"] else f"{100 * r['from_drop_error']:+.1f}%",
+            "-" if math.isnan(r["from_drop_error"]) else f"{100 * r['from_drop_error']:+.1f}%",
             f"{100 * r['measured_wasted_share']:.1f}% / {100 * r['predicted_wasted_share']:.1f}%",
             f"{r['measured_dropped']} / {r['predicted_dropped']}",
             f"{r['measured_aborted']} / {r['predicted_aborted']}",
@@ -184,7 +182,7 @@ def main(
     rows = compare(root, design, load_calibration(predict_from) if predict_from else None, env)
     text = table(rows)
     print(text)
-    name = "policies" if env == "tinyagent" else f"policies-{env}"
+    name = f"policies-{env}" if env_prefix(env) else "policies"
     (root / f"{name}.md").write_text(text)
     figure(rows, root / f"{name}.png")
     print(f"wrote {root / (name + '.md')}, {root / (name + '.png')}")

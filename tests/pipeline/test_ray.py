@@ -144,10 +144,9 @@ def local_deterministic(model_dir, tmp_path_factory):
 
 
 # -- placement, weights and the bound -------------------------------------------------------------------
-@pytest.mark.slow  # 62 s on 2 cores: out of the default run (pytest -m slow)
-def test_two_actors_are_placed_on_two_nodes_and_the_bound_holds_per_token(cluster, format_policy):
-    tokens = Tokens()
-    cfg = quick_cfg(
+def ray_cfg(cluster, **kw):
+    """Six steps at bound 1 on two actors of the test cluster."""
+    base = dict(
         pipeline="async",
         rollout_backend="ray",
         ray_address=cluster.address,
@@ -157,6 +156,13 @@ def test_two_actors_are_placed_on_two_nodes_and_the_bound_holds_per_token(cluste
         tasks_per_step=4,
         eval_at_start=False,
     )
+    return quick_cfg(**{**base, **kw})
+
+
+@pytest.mark.slow  # 62 s on 2 cores: out of the default run (pytest -m slow)
+def test_two_actors_are_placed_on_two_nodes_and_the_bound_holds_per_token(cluster, format_policy):
+    tokens = Tokens()
+    cfg = ray_cfg(cluster)
     run = build_run(cfg, callbacks=[tokens], logger=False, policy=copy.deepcopy(format_policy))
     fit(run)
     assert tokens.staleness and max(tokens.staleness) <= 1
@@ -176,15 +182,8 @@ def test_two_actors_are_placed_on_two_nodes_and_the_bound_holds_per_token(cluste
 @pytest.mark.parametrize("policy", ["mask", "abort", "oldest-first", "cut"])
 def test_every_staleness_policy_keeps_the_bound_on_ray_actors(cluster, format_policy, policy):
     tokens = Tokens()
-    cfg = quick_cfg(
-        pipeline="async",
-        rollout_backend="ray",
-        ray_address=cluster.address,
-        rollout_workers=2,
-        max_staleness=1,
-        max_steps=6,
-        tasks_per_step=4,
-        eval_at_start=False,
+    cfg = ray_cfg(
+        cluster,
         slots=8,
         stale_policy=policy,
         tool_latency="lognormal:0.02:2.0",  # stragglers: the policy has work past the bound to act on
