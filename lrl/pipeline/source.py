@@ -29,6 +29,7 @@ from lrl.pipeline.schedule import make_schedule
 from lrl.sources.base import TaskPicker, rank_seed, score_batch
 
 POLL = 0.05  # seconds between looks at the workers while the trainer waits
+DRAIN = 10_000  # most messages read in one go before a take (workers that talk faster cannot stall it)
 
 
 class AsyncSource:
@@ -120,23 +121,32 @@ class AsyncSource:
             self.issued += 1
         return groups
 
-    def _receive(self) -> None:
-        message = self.workers.receive(POLL)
+    def _receive(self, timeout: float = POLL) -> bool:
+        """Read one worker message (waiting up to `timeout`); False when none came."""
+        message = self.workers.receive(timeout)
         if message is None:
-            return
+            return False
         if isinstance(message, Beat):
             self.window.stats[message.worker] = message.stats
             self.window.timeline.extend([message.worker, *x] for x in message.timeline)
-            return
+            return True
         if isinstance(message, Paused):
             self._paused[message.worker] = message.state
-            return
+            return True
         if isinstance(message, GroupDone):
             self._finished(message.serial, message.episodes)
         elif isinstance(message, BatchDone):
             for serial, episodes in message.groups.items():
                 self._finished(serial, episodes)
         self.schedule.accept(message)
+        return True
+
+    def _drain(self) -> None:
+        """Read every message already waiting (at most DRAIN), so that a take chooses among all the groups
+        that finished while the trainer was busy, not only the first ones read."""
+        for _ in range(DRAIN):
+            if not self._receive(0.0):
+                return
 
     def _finished(self, serial: int, episodes: list) -> None:
         """Record the wall time of each episode of a finished group (the simulator's durations come from it)."""
@@ -155,6 +165,8 @@ class AsyncSource:
         start = time.perf_counter()
         while True:
             self.schedule.issue(version, self._new_groups, self.workers.send)
+            self._drain()
+            at_take = self.schedule.queued  # episodes finished and waiting: what the take chooses among
             groups = self.schedule.take()
             if groups is None:
                 self._receive()
@@ -171,6 +183,7 @@ class AsyncSource:
                 for j in range(self.episodes_per_group)
             ]
         batch["pipeline"] = info.pop("metrics")
+        batch["pipeline"]["pipeline/queue_depth_at_take"] = float(at_take)
         batch["ledger"] = info
         batch["index"] = torch.tensor(self.produced)
         batch["sample_time"] = torch.tensor(time.perf_counter() - start)

@@ -221,3 +221,48 @@ def test_cut_sends_a_group_without_its_stragglers_and_records_them(format_policy
     short = [n for n in per_group.values() if n < cfg.episodes_per_task]
     assert short  # groups trained without some of their episodes (the consumer's drop is per episode too)
     assert tokens.staleness and max(tokens.staleness) <= 1
+
+
+class _Waiting:
+    """Workers whose finished groups are all already waiting when the trainer asks for a batch."""
+
+    running = True
+
+    def __init__(self, messages):
+        self.messages = list(messages)
+        self.sent = []
+
+    def send(self, worker, work):
+        self.sent.append(work)
+
+    def receive(self, timeout):
+        return self.messages.pop(0) if self.messages else None
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("name", ["drop", "oldest-first"])
+def test_a_take_chooses_among_every_group_already_finished(format_policy, spec, name):
+    """Groups that finished while the trainer was busy all wait for the next take: oldest-first must see them
+    all, not only the first G read (before, the controller took as soon as G had been read, so oldest-first
+    took what drop took). Groups 0-1 are fresh and come first; groups 2-3 hold tokens one version old."""
+    from lrl.pipeline.messages import GroupDone
+
+    episodes = rollout(format_policy, make_tasks("train")[:8], spec)
+    for i, episode in enumerate(episodes):
+        episode.version = [VERSION - (i >= 4)] * len(episode.version)  # episodes 4-7: one version old
+    source = source_for(name, format_policy, spec)
+    source.bind(0, 1)
+    waiting = _Waiting(GroupDone(0, s, episodes[2 * s : 2 * s + 2], 1.0) for s in range(4))
+    source.workers = waiting
+    try:
+        batch = source.next_batch(VERSION)
+    finally:
+        source.close()
+    trained = batch["ledger"]["trained_ids"]
+    expected = {"drop": ["0:0", "0:1", "0:2", "0:3"], "oldest-first": ["0:4", "0:5", "0:6", "0:7"]}[name]
+    assert trained == expected
+    assert waiting.messages == []  # every waiting message was read before the take
+    assert batch["pipeline"]["pipeline/queue_depth_at_take"] == 8.0  # four groups of two were there to choose from
+    assert batch["pipeline"]["pipeline/queue_depth"] == 4.0  # two groups are left for the next batch
