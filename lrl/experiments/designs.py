@@ -266,6 +266,25 @@ def load_calibration(path) -> dict:
     return cal
 
 
+def calibration_of(predict_from: str | None):
+    """`--predict-from`: None, one calibration, or with ``{seed}`` in the name a function of a run's seed."""
+    if not predict_from:
+        return None
+    if "{seed}" not in predict_from:
+        return load_calibration(predict_from)
+    cache: dict = {}
+
+    def of_seed(seed: int) -> dict:
+        if seed not in cache:
+            path = Path(predict_from.format(seed=seed))
+            if not path.is_file():
+                raise SystemExit(f"--predict-from: no calibration for seed {seed} ({path})")
+            cache[seed] = load_calibration(path)
+        return cache[seed]
+
+    return of_seed
+
+
 def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> dict:
     """The load model's prediction of a run from a calibration only: the engine curve and co-run slowdown of the
     benchmark, the trainer's seconds and the workload's turns of each calibration run (the prediction is the mean
@@ -498,19 +517,25 @@ def env_prefix(env: str) -> str:
     return "codefix-" if env == "codefix" else ""
 
 
+def run_folder(
+    env: str = "tinyagent", drop: bool = True, frozen: bool = False, slots: int = SLOTS, policy: str = "drop"
+) -> str:
+    """The folder name under results/designs of a setting's runs: ``[codefix-]hard|throttle[-frozen][-sN][-P]``."""
+    name = env_prefix(env) + ("hard" if drop else "throttle") + ("-frozen" if frozen else "")
+    name += f"-s{slots}" if slots != SLOTS else ""
+    return name + (f"-{policy}" if policy != "drop" else "")
+
+
 def main(args, extra: list[str]) -> int:
     """``python -m lrl.experiments.pipeline --designs chapter``: run (or reuse), summarise, report."""
     from lrl.experiments.designs_report import markdown, plot, projection
 
     drop = args.staleness_drop
     env = getattr(args, "env", "tinyagent")
-    prefix = env_prefix(env)
     slots = args.slots or SLOTS
     frozen = bool(getattr(args, "freeze_policy", False))
     policy = getattr(args, "stale_policy", "drop")
-    suffix = ("-frozen" if frozen else "") + (f"-s{slots}" if slots != SLOTS else "")
-    suffix += f"-{policy}" if policy != "drop" else ""
-    out = Path(args.out or f"results/designs/{prefix}{'hard' if drop else 'throttle'}{suffix}")
+    out = Path(args.out or f"results/designs/{run_folder(env, drop, frozen, slots, policy)}")
     only = [SHORT.get(x, x) for x in (getattr(args, "only", None) or [])]
     unknown = [x for x in only if x not in DESIGNS]
     if unknown:
@@ -529,13 +554,8 @@ def main(args, extra: list[str]) -> int:
                 )
     else:
         runs = load_runs(out, chosen, slots)
-    cal = None
-    source = getattr(args, "predict_from", None)
-    if source and "{seed}" in source:  # one calibration per seed: the same frozen policy at another size
-        cache: dict = {}
-        cal = lambda seed: cache.setdefault(seed, load_calibration(source.format(seed=seed)))  # noqa: E731
-    elif source:
-        cal = load_calibration(source)
+    # one calibration, or one per seed ({seed} in the name: the same frozen policy at another size)
+    cal = calibration_of(getattr(args, "predict_from", None))
     rows = summarise(runs, drop, cal, policy)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

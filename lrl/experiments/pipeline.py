@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         "--freeze-policy",
         choices=("true", "false"),
         default="false",
-        help="with --designs: a fixed workload (train.py --freeze-policy): the designs compared on one policy",
+        help="with --designs: a fixed workload (train.py --freeze-policy): the designs compared on one policy "
+        "(with --compare-policies: the runs made so)",
     )
     p.add_argument(
         "--only",
@@ -224,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         from lrl.experiments import policies
 
         return policies.main(
-            Path(args.out) if args.out else policies.ROOT, predict_from=args.predict_from, env=args.env
+            Path(args.out) if args.out else policies.ROOT,
+            predict_from=args.predict_from,
+            env=args.env,
+            frozen=args.freeze_policy == "true",
         )
     if args.designs:
         from lrl.experiments import designs

@@ -4,7 +4,8 @@ throughput against waste, measured and predicted.
 
 Each policy's runs are in ``results/designs/hard`` (``drop``, with the synchronous runs the ratios are taken
 against) and ``results/designs/hard-<policy>`` (``codefix-hard`` and ``codefix-hard-<policy>`` with ``--env codefix``,
-written to ``policies-codefix.md``); a design a folder lacks is left out. The prediction beside each
+written to ``policies-codefix.md``; ``hard-frozen[-<policy>]`` with ``--freeze-policy true``, written to
+``policies-frozen.md``); a design a folder lacks is left out. The prediction beside each
 measurement is the simulator's for that run, from the run's own episode times (the duration model, which counts
 an episode as one unit of work spread over its time); the waste measured is in action tokens.
 """
@@ -15,34 +16,47 @@ import math
 from pathlib import Path
 
 from lrl.config import STALE_POLICIES
-from lrl.experiments.designs import DESIGNS, env_prefix, load_runs, measured, predicted, summarise
+from lrl.experiments.designs import (
+    DESIGNS,
+    calibration_of,
+    env_prefix,
+    load_runs,
+    measured,
+    predicted,
+    run_folder,
+    summarise,
+)
 from lrl.experiments.stats import median
 
 ROOT = Path("results/designs")
 
 
-def folder(policy: str, root: Path = ROOT, env: str = "tinyagent") -> Path:
-    prefix = env_prefix(env)
-    return root / (f"{prefix}hard" if policy == "drop" else f"{prefix}hard-{policy}")
+def folder(policy: str, root: Path = ROOT, env: str = "tinyagent", frozen: bool = False) -> Path:
+    """Where `--designs chapter --stale-policy P` wrote its runs (64 slots, the hard bound)."""
+    return root / run_folder(env, True, frozen, policy=policy)
 
 
 def compare(
-    root: Path = ROOT, design: str = "async eta=1, partial", cal: dict | None = None, env: str = "tinyagent"
+    root: Path = ROOT,
+    design: str = "async eta=1, partial",
+    cal=None,
+    env: str = "tinyagent",
+    frozen: bool = False,
 ) -> list[dict]:
     """One row per policy with runs of `design`: its summary (lrl.experiments.designs.summarise; predicted from
     the calibration `cal` by the load model when one is given, else from each run itself) and its ratio to the
-    synchronous runs of the drop folder."""
-    sync_runs = load_runs(folder("drop", root, env), ["synchronous"])
+    synchronous runs of the drop folder. `cal` may be a function of a run's seed (its calibration);
+    `frozen`: the runs of ``--freeze-policy true``."""
+    home = folder("drop", root, env, frozen)
+    sync_runs = load_runs(home, ["synchronous"])
     if not sync_runs:
-        raise SystemExit(
-            f"{folder('drop', root, env)}: no synchronous runs to compare with (run --designs chapter)"
-        )
+        raise SystemExit(f"{home}: no synchronous runs to compare with (run --designs chapter)")
     sync = summarise(sync_runs, True, cal)[0]
     sync_by_seed = {r["repeat"]: x for r, x in zip(sync_runs, sync["per_repeat"])}
-    drop_by_seed = {r["repeat"]: r for r in load_runs(folder("drop", root, env), [design])}
+    drop_by_seed = {r["repeat"]: r for r in load_runs(home, [design])}
     rows = []
     for policy in STALE_POLICIES:
-        runs = load_runs(folder(policy, root, env), [design])
+        runs = load_runs(folder(policy, root, env, frozen), [design])
         if not runs:
             continue
         row = summarise(runs, True, cal, policy)[0]
@@ -52,7 +66,9 @@ def compare(
             if r["repeat"] in sync_by_seed
         ]
         if not pairs:
-            raise SystemExit(f"{folder(policy, root, env)}: no seed in common with the synchronous runs")
+            raise SystemExit(
+                f"{folder(policy, root, env, frozen)}: no seed in common with the synchronous runs"
+            )
         # each run against the synchronous run of its own seed (the seeds' workloads differ: a policy that learns
         # to call more tools makes longer episodes), then the median over the seeds
         row["x_sync_per_seed"] = [
@@ -174,15 +190,15 @@ def main(
     design: str = "async eta=1, partial",
     predict_from: str | None = None,
     env: str = "tinyagent",
+    frozen: bool = False,
 ) -> int:
-    from lrl.experiments.designs import load_calibration
-
     if design not in DESIGNS:
         raise SystemExit(f"unknown design {design!r}")
-    rows = compare(root, design, load_calibration(predict_from) if predict_from else None, env)
+    rows = compare(root, design, calibration_of(predict_from), env, frozen)
     text = table(rows)
     print(text)
     name = f"policies-{env}" if env_prefix(env) else "policies"
+    name += "-frozen" if frozen else ""
     (root / f"{name}.md").write_text(text)
     figure(rows, root / f"{name}.png")
     print(f"wrote {root / (name + '.md')}, {root / (name + '.png')}")

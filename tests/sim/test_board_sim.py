@@ -260,3 +260,27 @@ def test_the_policy_comparison_pairs_each_run_with_the_synchronous_run_of_its_se
         policies.compare(tmp_path)
     codefix = policies.compare(tmp_path, env="codefix")
     assert [r["x_sync_per_seed"] for r in codefix] == [r["x_sync_per_seed"] for r in rows]
+    # so do the frozen-policy runs' folders (--freeze-policy true), and only those
+    for folder in ("hard", "hard-mask"):
+        (tmp_path / f"codefix-{folder}").rename(tmp_path / folder.replace("hard", "hard-frozen"))
+    frozen = policies.compare(tmp_path, frozen=True)
+    assert [r["x_sync_per_seed"] for r in frozen] == [r["x_sync_per_seed"] for r in rows]
+    with pytest.raises(SystemExit, match="no synchronous runs"):
+        policies.compare(tmp_path)
+
+
+def test_a_calibration_per_seed_is_read_from_the_seeds_own_file(tmp_path):
+    import json
+
+    from lrl.experiments.designs import calibration_of
+
+    for seed in (0, 1):
+        run = {"trainer_seconds": 0.3 + seed, "turns": [[[4, 0.1]]]}
+        (tmp_path / f"cal-r{seed}.json").write_text(json.dumps({"engine": {}, "co_run": 1.0, "run": run}))
+    assert calibration_of(None) is None
+    one = calibration_of(str(tmp_path / "cal-r1.json"))
+    assert one["runs"][0]["trainer_seconds"] == 1.3
+    per_seed = calibration_of(str(tmp_path / "cal-r{seed}.json"))
+    assert [per_seed(s)["runs"][0]["trainer_seconds"] for s in (1, 0, 1)] == [1.3, 0.3, 1.3]
+    with pytest.raises(SystemExit, match="no calibration for seed 2"):
+        per_seed(2)
