@@ -217,6 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with a turn trace: the staleness bounds to plan for, each with partial rollouts and drain",
     )
     g.add_argument(
+        "--policies",
+        nargs="+",
+        default=None,
+        metavar="P",
+        help="with a turn trace: plan the async designs under the hard bound, once with each staleness policy "
+        "(lrl's --stale-policy: drop mask oldest-first abort cut), with their waste; default: the throttle alone",
+    )
+    g.add_argument(
         "--engine-step",
         type=float,
         nargs=2,
@@ -357,6 +365,8 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_turn_trace(args, parser)
     if args.single or args.extra or args.plot:
         parser.error("--trace plans from a trace; it does not combine with --single, --extra or --plot")
+    if args.policies:
+        parser.error("--policies plans from a turn trace (docs/simulate.md); a trace of wall times has no tokens")
     if args.json:
         from lrl.runs import check_output
 
@@ -409,7 +419,9 @@ def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             "group": args.group,
         }
         settings = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
-        rows = turns.plan_turns(trace, slots, args.bounds, args.steps, engine, args.workers, **given)
+        rows = turns.plan_turns(
+            trace, slots, args.bounds, args.steps, engine, args.workers, args.policies, **given
+        )
     except TraceError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2

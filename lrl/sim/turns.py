@@ -125,11 +125,26 @@ def read_turn_trace(path: str) -> TurnTrace:
 
 
 def plan_turns(
-    trace: TurnTrace, slots: list[int], bounds: list[int], steps: int, engine=None, workers: int = 1, **given
+    trace: TurnTrace,
+    slots: list[int],
+    bounds: list[int],
+    steps: int,
+    engine=None,
+    workers: int = 1,
+    policies: list[str] | None = None,
+    **given,
 ) -> list:
     """Every design at every slot count (per worker, on `workers` workers, each its own engine) -> rows.
-    `given` (train_s, sync_s, batch, group, co_run) overrides the trace; `engine` (an EngineCurve) too."""
-    from lrl.sim.board import simulate_board
+    `given` (train_s, sync_s, batch, group, co_run) overrides the trace; `engine` (an EngineCurve) too.
+    `policies`: the async designs under the hard bound, once with each staleness policy (lrl's
+    ``--stale-policy``), instead of with the throttle alone."""
+    from lrl.sim.board import POLICIES, simulate_board
+
+    unknown = [x for x in policies or [] if x not in POLICIES or x == "pace"]
+    if unknown:
+        raise ValueError(
+            f"unknown staleness policy {unknown}: choose from {[x for x in POLICIES if x != 'pace']}"
+        )
 
     s = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
     curve = engine or trace.engine
@@ -144,25 +159,32 @@ def plan_turns(
     if batch % group:
         raise TraceError(trace.path, 1, f"the batch ({batch}) must be a whole number of groups of {group}")
     co = float(s.get("co_run", 1.0))
-    designs = [("synchronous", 0, True, True)]
+    designs = [("synchronous", 0, True, True, None)]
     for k in bounds:
-        designs += [
-            (f"async bound {k}, partial", k, True, False),
-            (f"async bound {k}, drain", k, False, False),
-        ]
+        for policy in policies or [None]:
+            designs += [
+                (f"async bound {k}, partial", k, True, False, policy),
+                (f"async bound {k}, drain", k, False, False, policy),
+            ]
     rows = []
     for n in slots:
-        for name, eta, interrupt, sync in designs:
+        for name, eta, interrupt, sync, policy in designs:
             r = simulate_board(
                 None, n, group, batch // group, float(s["train_s"]) * (1.0 if sync else co),
-                float(s.get("sync_s", 0.0)), eta, interrupt, steps, drop=False, sync_before=sync,
-                workers=workers, turns=trace.episodes, engine=curve, co_run=1.0 if sync else co,
+                float(s.get("sync_s", 0.0)), eta, interrupt, steps, drop=policy is not None,
+                sync_before=sync, workers=workers, turns=trace.episodes, engine=curve,
+                co_run=1.0 if sync else co, policy=policy or "drop",
             )  # fmt: skip
             rows.append(
                 {
                     "slots": n,
                     "workers": workers,
                     "design": name,
+                    "policy": policy,  # None: the throttle alone
+                    "wasted_share": r["wasted_tokens"] / r["decoded_tokens"] if r["decoded_tokens"] else 0.0,
+                    "dropped": r["dropped"],
+                    "aborted": r["aborted"],
+                    "cut": r["cut"],
                     "max_staleness": eta,
                     "episodes_per_s": r["episodes_per_s"],
                     "slot_utilization": r["slot_util"],
@@ -187,13 +209,26 @@ def turn_lines(trace: TurnTrace, rows: list[dict], settings: dict) -> list[str]:
         f"{tokens / turns:.1f} tokens and {tool / turns:.3f} tool s a turn",
         "settings: " + ", ".join(f"{k} {v:g}" for k, v in sorted(settings.items())),
         "",
-        f"{'slots':>6} x {'workers':<7} | {'design':<24} | {'episodes/s':>10} | {'slot util':>9} | staleness mean, max",
     ]
+    policies = any(r.get("policy") for r in rows)  # the hard bound, a staleness policy per row
+    head = f"{'slots':>6} x {'workers':<7} | {'design':<24} | "
+    head += f"{'policy':<12} | " if policies else ""
+    out.append(
+        head
+        + f"{'episodes/s':>10} | {'slot util':>9} | staleness mean, max"
+        + (" | wasted" if policies else "")
+    )
     for r in rows:
-        out.append(
-            f"{r['slots']:>6} x {r['workers']:<7} | {r['design']:<24} | {r['episodes_per_s']:10.3f} | {r['slot_utilization']:9.2f} | "
-            f"{r['staleness_mean']:.2f}, {r['staleness_max']}" + (" *" if r["cycled"] else "")
-        )
+        line = f"{r['slots']:>6} x {r['workers']:<7} | {r['design']:<24} | "
+        line += f"{r.get('policy') or '-':<12} | " if policies else ""
+        line += f"{r['episodes_per_s']:10.3f} | {r['slot_utilization']:9.2f} | {r['staleness_mean']:.2f}, {r['staleness_max']}"
+        line += f" | {100 * r['wasted_share']:5.1f}%" if policies else ""
+        out.append(line + (" *" if r["cycled"] else ""))
+    if policies:
+        out += [
+            "",
+            "policy: the hard bound with that --stale-policy; wasted: the action tokens decoded and never trained",
+        ]
     if any(r["cycled"] for r in rows):
         out += ["", f"* needed more episodes than the trace's {len(eps):,}: they were used again in order"]
     return out

@@ -230,3 +230,36 @@ def test_a_turn_trace_without_an_engine_says_how_to_give_one(tmp_path, capsys):
     bad = write_turns(tmp_path / "b.jsonl", [[[2, -1.0]]], train_s=0.5, engine={"base_s": 0.1})
     assert main(["--trace", str(bad)]) == 2
     assert re.search(r"b\.jsonl:2: turns: .*tool seconds", capsys.readouterr().err)
+
+
+def test_a_turn_trace_plans_the_staleness_policies_under_the_hard_bound(tmp_path, capsys):
+    # one episode in four has a 6 s tool: it outlasts every bound-1 window of a trainer that steps in about 1 s,
+    # so under the hard bound drop throws its group away and mask trains its fresh tokens only
+    episodes = [[[3, 0.2], [3, 6.0 if i % 4 == 0 else 0.2]] for i in range(64)]
+    engine = {"points": [[1, 0.01], [8, 0.02]]}
+    trace = write_turns(tmp_path / "t.jsonl", episodes, train_s=0.3, engine=engine, batch=8, group=2)
+    flags = ("--plan-slots", "8", "--bounds", "1", "--steps", "12")
+    out = plan(tmp_path, trace, *flags, "--policies", "drop", "mask", "cut")
+    rows = {(r["design"], r["policy"]): r for r in out["rows"]}
+    assert len(rows) == 1 + 3 * 2  # synchronous, then bound 1 partial and drain under each policy
+    assert rows[("synchronous", None)]["wasted_share"] == 0.0
+    for (design, policy), r in rows.items():
+        if policy is not None:
+            assert r["staleness_max"] <= 1, (design, policy)  # the hard bound holds for every policy
+    drop, mask = rows[("async bound 1, partial", "drop")], rows[("async bound 1, partial", "mask")]
+    assert drop["dropped"] > 0 and drop["wasted_share"] > 0
+    assert mask["dropped"] == 0 and 0 < mask["wasted_share"]
+    assert rows[("async bound 1, partial", "cut")]["cut"] > 0
+    # the throttle alone, as before: no policy, and the long episodes train staler than the bound
+    alone = {r["design"]: r for r in plan(tmp_path, trace, *flags)["rows"]}
+    assert alone["async bound 1, partial"]["policy"] is None
+    assert alone["async bound 1, partial"]["staleness_max"] > 1
+    main(["--trace", str(trace), *flags, "--policies", "mask"])
+    assert "| mask " in capsys.readouterr().out
+    assert main(["--trace", str(trace), *flags, "--policies", "pace"]) == 2
+    assert "unknown staleness policy ['pace']" in capsys.readouterr().err
+    wall = tmp_path / "wall.csv"
+    wall.write_text("duration_s\n1.0\n2.0\n")
+    with pytest.raises(SystemExit):
+        main(["--trace", str(wall), "--policies", "mask"])
+    assert "--policies plans from a turn trace" in capsys.readouterr().err
