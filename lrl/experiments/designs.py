@@ -207,6 +207,36 @@ def waste(history: list[dict]) -> dict:
     }
 
 
+def waste_sources(history: list[dict], group: int = GROUP) -> dict:
+    """Where a run's waste could come from, against its trainer's pace (the mean seconds between step ends, P):
+    the share of its finished episodes that lasted longer than P and than 2P (an episode whose action was decoded
+    early in a version's reign has about P, at most about 2P, to be trained within bound 1), and the share of the
+    finished episodes' action tokens that are in a group whose slowest finished episode lasted longer than 2P
+    (its siblings wait for it). Episodes stopped in flight (abort, cut) never finish and are not counted."""
+    ends = [x["time/end"] for x in history if "time/end" in x]
+    if len(ends) < 2:
+        return {"period_s": math.nan, "over_1p": math.nan, "over_2p": math.nan, "group_over_2p_tokens": math.nan}
+    period = (ends[-1] - ends[0]) / (len(ends) - 1)
+    seconds = {int(i): s for x in history for i, s in x.get("time/finished_seconds", [])}
+    tokens = {
+        int(i): sum(t[0] for t in (e["turns"] if isinstance(e, dict) else e))
+        for x in history
+        for i, e in x.get("time/finished_turns", [])
+    }
+    slowest: dict[int, float] = {}
+    for i, s in seconds.items():
+        slowest[i // group] = max(slowest.get(i // group, 0.0), s)
+    n = len(seconds)
+    total = sum(tokens.values())
+    late = sum(t for i, t in tokens.items() if slowest.get(i // group, 0.0) > 2 * period)
+    return {
+        "period_s": period,
+        "over_1p": sum(s > period for s in seconds.values()) / n if n else math.nan,
+        "over_2p": sum(s > 2 * period for s in seconds.values()) / n if n else math.nan,
+        "group_over_2p_tokens": late / total if total else math.nan,
+    }
+
+
 def window_rate(sim: dict) -> float:
     """A simulation's trained episodes per second, taken as a run's are: after step SKIP, to the last step."""
     ends = sim["step_ends"]

@@ -25,6 +25,7 @@ from lrl.experiments.designs import (
     predicted,
     run_folder,
     summarise,
+    waste_sources,
 )
 from lrl.experiments.stats import median
 
@@ -91,6 +92,7 @@ def compare(
         row["from_drop_error"] = median(cross) if cross else math.nan
         row["sync_episodes_per_s"] = sync["measured_episodes_per_s"]
         row["sync_pass_rate"] = sync["measured_pass_rate"]
+        row["waste_sources"] = [waste_sources(r["history"]) for r in runs]
         rows.append(row)
     if not rows:
         raise SystemExit(f"no runs of {design!r} under {root}: run --designs chapter --stale-policy P first")
@@ -152,6 +154,40 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def sources_table(rows: list[dict]) -> str:
+    """Where each policy's waste could come from (lrl.experiments.designs.waste_sources), the median over seeds."""
+    head = [
+        "policy",
+        "trainer period P (s)",
+        "finished episodes longer than P",
+        "longer than 2P",
+        "tokens in groups whose slowest episode is longer than 2P",
+        "wasted tokens",
+    ]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        src = r.get("waste_sources") or []
+
+        def med(key: str, src=src) -> float:
+            return median([x[key] for x in src]) if src else math.nan
+
+        cells = [
+            r["stale_policy"],
+            f"{med('period_s'):.2f}",
+            f"{100 * med('over_1p'):.1f}%",
+            f"{100 * med('over_2p'):.1f}%",
+            f"{100 * med('group_over_2p_tokens'):.1f}%",
+            f"{100 * r['measured_wasted_share']:.1f}%",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    out.append(
+        "Median over the seeds; P: the mean seconds between step ends. Episodes stopped in flight (abort, cut) "
+        "never finish and are not counted among the finished."
+    )
+    return "\n".join(out) + "\n"
+
+
 def figure(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -195,7 +231,7 @@ def main(
     if design not in DESIGNS:
         raise SystemExit(f"unknown design {design!r}")
     rows = compare(root, design, calibration_of(predict_from), env, frozen)
-    text = table(rows)
+    text = table(rows) + "\n" + sources_table(rows)
     print(text)
     name = f"policies-{env}" if env_prefix(env) else "policies"
     name += "-frozen" if frozen else ""

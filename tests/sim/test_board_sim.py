@@ -3,6 +3,7 @@ experiment's measured quantities on a history whose numbers are known."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -284,3 +285,21 @@ def test_a_calibration_per_seed_is_read_from_the_seeds_own_file(tmp_path):
     assert [per_seed(s)["runs"][0]["trainer_seconds"] for s in (1, 0, 1)] == [1.3, 0.3, 1.3]
     with pytest.raises(SystemExit, match="no calibration for seed 2"):
         per_seed(2)
+
+
+def test_where_the_waste_comes_from_against_the_trainers_pace():
+    from lrl.experiments.designs import waste_sources
+
+    # steps end every second (P = 1 s); groups of two: group 0 lasts 0.5 s and 2.5 s, group 1 0.5 s and 1.5 s
+    history = [{"time/end": float(t)} for t in range(5)]
+    history[1] |= {
+        "time/finished_seconds": [[0, 0.5], [1, 2.5], [2, 0.5]],
+        "time/finished_turns": [[0, {"turns": [[3, 0.4, 0]]}], [1, {"turns": [[1, 1.0, 0], [2, 1.4, 0]]}]]
+        + [[2, {"turns": [[3, 0.4, 0]]}]],
+    }
+    history[2] |= {"time/finished_seconds": [[3, 1.5]], "time/finished_turns": [[3, [[3, 1.4]]]]}
+    src = waste_sources(history, group=2)
+    assert src["period_s"] == pytest.approx(1.0)
+    assert src["over_1p"] == pytest.approx(2 / 4) and src["over_2p"] == pytest.approx(1 / 4)
+    assert src["group_over_2p_tokens"] == pytest.approx(6 / 12)  # group 0's tokens, its fast episode's too
+    assert math.isnan(waste_sources([{"time/end": 0.0}])["period_s"])  # one step: no pace
