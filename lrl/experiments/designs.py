@@ -215,7 +215,12 @@ def waste_sources(history: list[dict], group: int = GROUP) -> dict:
     (its siblings wait for it). Episodes stopped in flight (abort, cut) never finish and are not counted."""
     ends = [x["time/end"] for x in history if "time/end" in x]
     if len(ends) < 2:
-        return {"period_s": math.nan, "over_1p": math.nan, "over_2p": math.nan, "group_over_2p_tokens": math.nan}
+        return {
+            "period_s": math.nan,
+            "over_1p": math.nan,
+            "over_2p": math.nan,
+            "group_over_2p_tokens": math.nan,
+        }
     period = (ends[-1] - ends[0]) / (len(ends) - 1)
     seconds = {int(i): s for x in history for i, s in x.get("time/finished_seconds", [])}
     tokens = {
@@ -315,6 +320,25 @@ def calibration_of(predict_from: str | None):
     return of_seed
 
 
+def with_service(turns: list, service: list[float]) -> list:
+    """`turns` with each tool wait replaced by the next of `service` (the tools' own run seconds, in the order
+    logged, from the first again when they run out): a recorded wait includes the queue for a server."""
+    if not service:
+        raise SystemExit("a calibration with tool_servers needs its runs' tool_service (env/tool_times)")
+    out, k = [], 0
+    for episode in turns:
+        parts = episode["turns"] if isinstance(episode, dict) else episode
+        new = []
+        for turn in parts:
+            if float(turn[1]) > 0:
+                new.append([turn[0], service[k % len(service)], *turn[2:]])
+                k += 1
+            else:
+                new.append(list(turn))
+        out.append({**episode, "turns": new} if isinstance(episode, dict) else new)
+    return out
+
+
 def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> dict:
     """The load model's prediction of a run from a calibration only: the engine curve and co-run slowdown of the
     benchmark, the trainer's seconds and the workload's turns of each calibration run (the prediction is the mean
@@ -328,8 +352,14 @@ def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> di
     curve = EngineCurve.of(cal["engine"]["points"], cal["engine"].get("counts"))
     slow = float(cal["co_run"]["slowdown"]) if not sync else 1.0  # sync: the trainer has the cores alone
     switch_s = float(cal["engine"].get("switch_s", 0.0))
+    servers = cal.get("tool_servers")
     sims = []
     for part in cal["runs"]:
+        turns = part["turns"]
+        if (
+            servers
+        ):  # a pool of tool servers: each call's service time is a tool's own run, the wait is simulated
+            turns = with_service(turns, part.get("tool_service") or [])
         sim = simulate_board(
             None,
             run.get("slots", SLOTS),
@@ -342,10 +372,11 @@ def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> di
             run.get("steps") or len(run["history"]),
             drop=drop,
             sync_before=sync,
-            turns=part["turns"],
+            turns=turns,
             engine=curve,
             co_run=slow,
             policy=policy,
+            tool_servers=servers,
         )
         sim["episodes_per_s"] = window_rate(sim)
         sims.append(sim)

@@ -113,8 +113,10 @@ def run_part(history: list[dict]) -> dict:
             "the run's history has no time/finished_turns: run it with --slots (or --pipeline async) on this lrl"
         )
     sync = "pipeline/trainer_wait" not in history[-1]
+    service = [float(t) for h in history for t in h.get("env/tool_times", [])]  # real tools' own run seconds
     return {
         "turns": [t for _, t in pairs],
+        **({"tool_service": service} if service else {}),
         "train_s": trainer_seconds(history, sync),
         "trainer_measured": "alone (synchronous run)" if sync else "beside the rollout (asynchronous run)",
         "steps": len(history),
@@ -138,11 +140,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--engine", default=None, help="reuse this earlier JSON's engine part instead of timing again"
     )
+    p.add_argument(
+        "--tool-servers",
+        type=int,
+        default=None,
+        help="with --run: the runs' tools are served by this many servers per rollout worker (codefix: its "
+        "--env-workers, one per core by default); the prediction then queues each call for a free one, with the "
+        "tools' own run seconds (env/tool_times) as its service time",
+    )
     p.add_argument("--json", required=True, help="where to write the calibration")
     p.add_argument("flags", nargs="*", help="train.py flags of the engine (after --), e.g. --sampler vllm")
     args = p.parse_args(argv)
     if any(n < 1 for n in args.slots):
         p.error("--slots must be positive")
+    if args.tool_servers is not None and (args.tool_servers < 1 or not args.run):
+        p.error("--tool-servers needs --run and must be at least 1")
     out: dict = {}
     if args.engine:
         old = json.loads(Path(args.engine).read_text())
@@ -161,8 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.run:
             history = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
             part = {"file": str(path), **run_part(history)}
+            if args.tool_servers and "tool_service" not in part:
+                p.error(
+                    f"--tool-servers: {path} logged no env/tool_times (a run of real tools: --env codefix)"
+                )
             out["runs"].append(part)
             print(f"  {path}: {len(part['turns'])} episodes' turns, trainer {part['train_s']:.3f} s a step")
+    if args.tool_servers:
+        out["tool_servers"] = args.tool_servers
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out))
     print(f"wrote {args.json}")

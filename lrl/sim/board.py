@@ -110,6 +110,7 @@ def simulate_board(
     release: str = "group",
     wait_slice: float | None = None,
     policy: str = "drop",
+    tool_servers: int | None = None,
 ) -> dict:
     """Simulate `steps` training steps of lrl's pipeline -> dict.
 
@@ -128,6 +129,9 @@ def simulate_board(
     ``WAIT_SLICE``, lrl's own; 0: at once).
     ``policy``: what the bound does to work past it (``drop``, ``mask``, ``oldest-first``, ``abort``; with
     ``drop=True``, see the module's notes).
+    ``tool_servers`` (the load model): each worker's tool calls are served by that many servers, first come first
+    served, a turn's tool seconds being its service time (a sandbox pool: lrl's ``--env-workers``); None: all at
+    once.
     ``trace``: a list to append ``[time, decoding, tool, in flight, paused in flight]`` (all workers) at every
     event of the load model.
     Keys: ``time``, ``episodes_per_s`` (trained per second), ``step_ends`` (seconds), ``step_trained``
@@ -172,7 +176,7 @@ def simulate_board(
     pool = [_Worker(n_slots) for _ in range(workers)]
     if load:
         for wk in pool:
-            wk.engine = LoadEngine(engine)
+            wk.engine = LoadEngine(engine, tool_servers)
     t = 0.0
     version = 0  # the trainer's
     issued_batches = 0

@@ -217,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with a turn trace: the staleness bounds to plan for, each with partial rollouts and drain",
     )
     g.add_argument(
+        "--tool-servers",
+        type=POS_INT,
+        default=None,
+        help="with a turn trace: each worker's tool calls queue for this many servers (a sandbox pool), a turn's "
+        "tool seconds being its service time; default: the trace's, else every call at once",
+    )
+    g.add_argument(
         "--policies",
         nargs="+",
         default=None,
@@ -366,7 +373,9 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.single or args.extra or args.plot:
         parser.error("--trace plans from a trace; it does not combine with --single, --extra or --plot")
     if args.policies:
-        parser.error("--policies plans from a turn trace (docs/simulate.md); a trace of wall times has no tokens")
+        parser.error(
+            "--policies plans from a turn trace (docs/simulate.md); a trace of wall times has no tokens"
+        )
     if args.json:
         from lrl.runs import check_output
 
@@ -417,6 +426,7 @@ def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             "sync_s": args.sync_time,
             "batch": args.batch_size,
             "group": args.group,
+            "tool_servers": args.tool_servers,
         }
         settings = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
         rows = turns.plan_turns(

@@ -1,7 +1,8 @@
 """The load model of :func:`lrl.sim.board.simulate_board`: episodes as turns, engines that batch their decoding.
 
 An episode is its turns in order, each ``(tokens decoded, tool seconds)``: the engine decodes the action, one token
-per engine step, then the tool answers after its seconds (tools run in parallel, off the engine), then the next
+per engine step, then the tool answers after its seconds (tools run in parallel, off the engine; or, given a pool
+of tool servers, each call waits for a free one, first come first served, then takes its seconds), then the next
 turn; the episode ends with its last tool answer. A worker's engine batches every episode that is decoding
 (continuous batching): a step decodes one token of each and costs ``EngineCurve.seconds(b)`` for ``b`` episodes
 decoding, times the co-run slowdown while the trainer is training beside it. A weight load pauses the engine (tools
@@ -116,11 +117,15 @@ class LoadEngine:
         "tools",
         "paused",
         "block_from",
+        "pool",
         "_cost",
     )
 
-    def __init__(self, curve: EngineCurve):
+    def __init__(self, curve: EngineCurve, tool_servers: int | None = None):
         self.curve = curve
+        # tools served by a pool of that many servers, first come first served (a sandbox pool: a call waits for a
+        # free server, then takes its seconds); None: every call runs at once, in parallel
+        self.pool: list[float] | None = [0.0] * tool_servers if tool_servers else None
         self.factor = 1.0  # the co-run slowdown while the trainer trains, else 1
         self.steps = 0.0  # engine steps so far (fluid)
         self.decoding: dict[int, object] = {}
@@ -167,6 +172,11 @@ class LoadEngine:
     def _to_tool(self, ep, now: float, version: int) -> bool:  # noqa: ARG002 (one signature for both phases)
         tool = ep.turns[ep.turn][1]
         self.tools += 1
+        if self.pool is not None:  # the earliest free server takes it (calls arrive in time order: FIFO)
+            start = max(now, heapq.heappop(self.pool))
+            heapq.heappush(self.pool, start + tool)
+            heapq.heappush(self.theap, (start + tool, ep.index, ep))
+            return False
         heapq.heappush(self.theap, (now + tool, ep.index, ep))
         return False
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from lrl.sim.load import EngineCurve, parse_turns
 from lrl.sim.trace import TraceError
 
-SETTINGS = ("train_s", "sync_s", "slots", "batch", "group", "co_run")
+SETTINGS = ("train_s", "sync_s", "slots", "batch", "group", "co_run", "tool_servers")
 
 
 @dataclass
@@ -70,7 +70,7 @@ def _engine(path: str, line: int, spec) -> EngineCurve:
 def _setting(path: str, line: int, name: str, value) -> float | int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TraceError(path, line, f"{name} is {json.dumps(value)[:40]}, not a finite number")
-    if name in ("slots", "batch", "group"):
+    if name in ("slots", "batch", "group", "tool_servers"):
         if value < 1 or value != int(value):
             raise TraceError(path, line, f"{name} is {value:g}; it must be an integer >= 1")
         return int(value)
@@ -159,6 +159,7 @@ def plan_turns(
     if batch % group:
         raise TraceError(trace.path, 1, f"the batch ({batch}) must be a whole number of groups of {group}")
     co = float(s.get("co_run", 1.0))
+    servers = int(s["tool_servers"]) if s.get("tool_servers") else None  # tools queue for a pool of servers
     designs = [("synchronous", 0, True, True, None)]
     for k in bounds:
         for policy in policies or [None]:
@@ -173,7 +174,7 @@ def plan_turns(
                 None, n, group, batch // group, float(s["train_s"]) * (1.0 if sync else co),
                 float(s.get("sync_s", 0.0)), eta, interrupt, steps, drop=policy is not None,
                 sync_before=sync, workers=workers, turns=trace.episodes, engine=curve,
-                co_run=1.0 if sync else co, policy=policy or "drop",
+                co_run=1.0 if sync else co, policy=policy or "drop", tool_servers=servers,
             )  # fmt: skip
             rows.append(
                 {

@@ -303,3 +303,14 @@ def test_where_the_waste_comes_from_against_the_trainers_pace():
     assert src["over_1p"] == pytest.approx(2 / 4) and src["over_2p"] == pytest.approx(1 / 4)
     assert src["group_over_2p_tokens"] == pytest.approx(6 / 12)  # group 0's tokens, its fast episode's too
     assert math.isnan(waste_sources([{"time/end": 0.0}])["period_s"])  # one step: no pace
+
+
+def test_a_pool_calibration_replaces_each_recorded_tool_wait_by_a_service_time():
+    from lrl.experiments.designs import with_service
+
+    turns = [{"prompt": 4, "turns": [[3, 1.5, 0], [2, 0.0, 0]]}, [[1, 2.5], [1, 0.7]]]
+    out = with_service(turns, [0.1, 0.2])
+    assert out == [{"prompt": 4, "turns": [[3, 0.1, 0], [2, 0.0, 0]]}, [[1, 0.2], [1, 0.1]]]  # in order, cycled
+    assert turns[0]["turns"][0][1] == 1.5  # the calibration's own turns are left as they were
+    with pytest.raises(SystemExit, match="tool_service"):
+        with_service(turns, [])

@@ -34,6 +34,27 @@ def test_a_tool_wait_overlaps_the_other_episodes_decoding():
     assert sim["trained_duration"] == pytest.approx((4.5 + 3.5) / 2)
 
 
+def test_tool_calls_queue_for_a_pool_of_servers_first_come_first_served():
+    # three episodes of 1 token then a 2 s tool, 1 token, decoded together (0.5 + 1.5 = 2 s a step): all three
+    # call their tool at 2 s. Unlimited: the tools end at 4 s, the last tokens together by 6 s. Two servers: A
+    # and B answer at 4 s, C waits for the first free server and answers at 6 s; A and B decode their last token
+    # together 4-5.5 s, C alone 6-7 s
+    turns = [[[1, 2.0], [1, 0.0]]] * 3
+    free = sync_one_group(turns, SHARED)
+    assert free["step_ends"] == pytest.approx([7.0])  # 2 + 2 + 2 (three decoding) + 1 training
+    n = len(turns)
+    pool = simulate_board(
+        None, n, n, 1, 1.0, 0.0, 0, True, 1, sync_before=True, turns=turns, engine=SHARED, tool_servers=2
+    )
+    assert pool["step_ends"] == pytest.approx([8.0])  # C's last token ends at 7 s, then 1 s of training
+    assert pool["trained_duration"] == pytest.approx((5.5 + 5.5 + 7.0) / 3)
+    one = simulate_board(
+        None, n, n, 1, 1.0, 0.0, 0, True, 1, sync_before=True, turns=turns, engine=SHARED, tool_servers=1
+    )
+    # one server: answers at 4, 6 and 8 s; each last token alone (1 s): A 4-5, B 6-7, C 8-9
+    assert one["step_ends"] == pytest.approx([10.0])
+
+
 def test_a_weight_switch_pauses_decoding_not_tools_and_splits_the_tokens():
     # groups of one, batch 1 (the oldest finished group), bound 1, 2 slots, steps of 1 s whatever the batch, training 1 s, loads 0.5 s.
     # ep0 = 1 token: ends at 1, trained 1-2. ep1 = 1 token, a 0.5 s tool, 3 tokens: decodes its second action

@@ -263,3 +263,21 @@ def test_a_turn_trace_plans_the_staleness_policies_under_the_hard_bound(tmp_path
     with pytest.raises(SystemExit):
         main(["--trace", str(wall), "--policies", "mask"])
     assert "--policies plans from a turn trace" in capsys.readouterr().err
+
+
+def test_a_turn_trace_with_a_pool_of_tool_servers_queues_its_calls(tmp_path, capsys):
+    # 4 episodes of 1 token then a 1 s tool, on 4 slots, a batch of 4: with every call at once a synchronous step
+    # is 0.1 + 1 + 0.5 s; with one server the fourth call answers at 0.1 + 4 s
+    engine = {"points": [[1, 0.1], [4, 0.1]]}
+    episodes = [[[1, 1.0]]] * 8
+    free = write_turns(tmp_path / "f.jsonl", episodes, train_s=0.5, engine=engine, batch=4, group=4)
+    one = write_turns(tmp_path / "o.jsonl", episodes, train_s=0.5, engine=engine, batch=4, group=4, tool_servers=1)
+    flags = ("--plan-slots", "4", "--bounds", "1", "--steps", "3")
+    sync = lambda out: {r["design"]: r for r in out["rows"]}["synchronous"]  # noqa: E731
+    assert sync(plan(tmp_path, free, *flags))["episodes_per_s"] == pytest.approx(4 / 1.6)
+    assert sync(plan(tmp_path, one, *flags))["episodes_per_s"] == pytest.approx(4 / 4.6)
+    given = sync(plan(tmp_path, free, *flags, "--tool-servers", "1"))  # the option gives the same pool
+    assert given["episodes_per_s"] == pytest.approx(4 / 4.6)
+    bad = write_turns(tmp_path / "b.jsonl", episodes, train_s=0.5, engine=engine, tool_servers=0.5)
+    assert main(["--trace", str(bad)]) == 2
+    assert "tool_servers is 0.5; it must be an integer >= 1" in capsys.readouterr().err
