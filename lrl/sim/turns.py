@@ -235,8 +235,21 @@ def turn_lines(trace: TurnTrace, rows: list[dict], settings: dict) -> list[str]:
     return out
 
 
+def plan_series(rows: list[dict]) -> tuple[dict[str, list[tuple]], str]:
+    """The plan's lines: one per design (and staleness policy, with --policies) -> {label: [(slots, episodes/s,
+    right)]}, and what `right` is: the mean token staleness, or with policies the share of tokens wasted."""
+    policies = any(r.get("policy") for r in rows)
+    series: dict[str, list[tuple]] = {}
+    for r in rows:
+        label = r["design"] + (f", {r['policy']}" if r.get("policy") else "")
+        right = 100 * r["wasted_share"] if policies else r["staleness_mean"]
+        series.setdefault(label, []).append((r["slots"] * r["workers"], r["episodes_per_s"], right))
+    return series, ("wasted tokens (% of decoded)" if policies else "mean token staleness (versions)")
+
+
 def plot_plan(rows: list[dict], name: str, folder: str) -> str:
-    """Episodes per second and mean staleness against the slots, one line per design -> the PNG's path."""
+    """Episodes per second, and mean staleness (or with policies the waste), against the slots, one line per
+    design -> the PNG's path."""
     import os
 
     import matplotlib
@@ -244,14 +257,13 @@ def plot_plan(rows: list[dict], name: str, folder: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    designs = list(dict.fromkeys(r["design"] for r in rows))
+    series, right_label = plan_series(rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for d in designs:
-        mine = [r for r in rows if r["design"] == d]
-        xs = [r["slots"] * r["workers"] for r in mine]
-        left.plot(xs, [r["episodes_per_s"] for r in mine], "o-", label=d)
-        right.plot(xs, [r["staleness_mean"] for r in mine], "o-", label=d)
-    for ax, what in ((left, "trained episodes per second"), (right, "mean token staleness (versions)")):
+    for label, points in series.items():
+        xs = [p[0] for p in points]
+        left.plot(xs, [p[1] for p in points], "o-", label=label)
+        right.plot(xs, [p[2] for p in points], "o-", label=label)
+    for ax, what in ((left, "trained episodes per second"), (right, right_label)):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("slots (all workers)")
         ax.set_ylabel(what)

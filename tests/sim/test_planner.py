@@ -256,6 +256,15 @@ def test_a_turn_trace_plans_the_staleness_policies_under_the_hard_bound(tmp_path
     assert alone["async bound 1, partial"]["staleness_max"] > 1
     main(["--trace", str(trace), *flags, "--policies", "mask"])
     assert "| mask " in capsys.readouterr().out
+    # the plot draws one line per design and policy, the waste beside the throughput
+    from lrl.sim.turns import plan_series
+
+    series, right = plan_series(out["rows"])
+    assert right.startswith("wasted") and len(series) == len(rows)
+    assert series["async bound 1, partial, mask"] == [(8, mask["episodes_per_s"], 100 * mask["wasted_share"])]
+    assert plan_series(plan(tmp_path, trace, *flags)["rows"])[1].startswith("mean token staleness")
+    assert main(["--trace", str(trace), *flags, "--policies", "drop", "mask", "--plot", str(tmp_path)]) == 0
+    assert (tmp_path / "plan.png").stat().st_size > 0
     assert main(["--trace", str(trace), *flags, "--policies", "pace"]) == 2
     assert "unknown staleness policy ['pace']" in capsys.readouterr().err
     wall = tmp_path / "wall.csv"
