@@ -115,12 +115,7 @@ def run_once(
     if not history.exists():
         tmp = history.with_suffix(".partial")
         tmp.unlink(missing_ok=True)
-        cmd = [
-            sys.executable,
-            "train.py",
-            *run_flags(design, repeat, drop, env, slots, frozen, policy),
-            *extra,
-        ]
+        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop, env, slots, frozen, policy), *extra]
         cmd += ["--log-dir", str(out / "runs"), "--run-name", name, "--history-file", str(tmp)]
         done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
         if done.returncode != 0:
@@ -298,6 +293,9 @@ def load_calibration(path) -> dict:
         raise SystemExit(
             f"{path}: not a calibration with a run (missing {missing}); see lrl.experiments.engine_cost"
         )
+    if cal.get("tool_servers"):  # a pool of tool servers: a call's time is a tool's own run, the wait simulated
+        for part in cal["runs"]:
+            part["turns"] = with_service(part["turns"], part.get("tool_service") or [])
     return cal
 
 
@@ -352,14 +350,9 @@ def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> di
     curve = EngineCurve.of(cal["engine"]["points"], cal["engine"].get("counts"))
     slow = float(cal["co_run"]["slowdown"]) if not sync else 1.0  # sync: the trainer has the cores alone
     switch_s = float(cal["engine"].get("switch_s", 0.0))
-    servers = cal.get("tool_servers")
+    servers = cal.get("tool_servers")  # None: tools at once; else turns of service times
     sims = []
     for part in cal["runs"]:
-        turns = part["turns"]
-        if (
-            servers
-        ):  # a pool of tool servers: each call's service time is a tool's own run, the wait is simulated
-            turns = with_service(turns, part.get("tool_service") or [])
         sim = simulate_board(
             None,
             run.get("slots", SLOTS),
@@ -372,7 +365,7 @@ def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> di
             run.get("steps") or len(run["history"]),
             drop=drop,
             sync_before=sync,
-            turns=turns,
+            turns=part["turns"],
             engine=curve,
             co_run=slow,
             policy=policy,
@@ -506,11 +499,7 @@ def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> l
         pol = "drop" if DESIGNS[design].get("sync") else policy
         inrun = [predicted(r, drop, pol) for r in mine]
         calibration = cal if callable(cal) or cal is None else (lambda _r, c=cal: c)
-        p = (
-            [predicted_from(r, drop, calibration(r["repeat"]), pol) for r in mine]
-            if cal is not None
-            else inrun
-        )
+        p = [predicted_from(r, drop, calibration(r["repeat"]), pol) for r in mine] if cal is not None else inrun
         rows.append(
             {
                 "design": design,

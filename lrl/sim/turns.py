@@ -140,11 +140,10 @@ def plan_turns(
     ``--stale-policy``), instead of with the throttle alone."""
     from lrl.sim.board import POLICIES, simulate_board
 
-    unknown = [x for x in policies or [] if x not in POLICIES or x == "pace"]
+    choosable = [x for x in POLICIES if x != "pace"]  # lrl's --stale-policy; pace is the simulator's alone
+    unknown = [x for x in policies or [] if x not in choosable]
     if unknown:
-        raise ValueError(
-            f"unknown staleness policy {unknown}: choose from {[x for x in POLICIES if x != 'pace']}"
-        )
+        raise ValueError(f"unknown staleness policy {unknown}: choose from {choosable}")
 
     s = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
     curve = engine or trace.engine
