@@ -18,7 +18,8 @@ from lrl.options import MAX_INT, check_field, expand_path, import_plugins, optio
 from lrl.registry import BACKENDS, CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, load_builtins
 
 ASYNC = {"pipeline": "async"}  # options of the asynchronous pipeline alone (option(..., when=ASYNC))
-STALE_POLICIES = ("drop", "mask", "abort", "oldest-first", "cut")  # --stale-policy (lrl.pipeline.stale)
+# --stale-policy (lrl.pipeline.schedule, lrl.pipeline.worker)
+STALE_POLICIES = ("drop", "mask", "abort", "oldest-first", "cut", "ordered")
 
 
 @dataclass
@@ -177,9 +178,18 @@ class Config:
         "mask its over-stale tokens (no gradient) and train the rest; abort it in the worker once it can no "
         "longer be trained within the bound and start its task again; oldest-first: take the finished groups "
         "closest to the bound first (then drop); cut: once the trainer is at the last version a group can be "
-        "trained on, send it without its unfinished episodes if at least half of it has finished (then drop)",
+        "trained on, send it without its unfinished episodes if at least half of it has finished (then drop); "
+        "ordered: take the earliest issued finished groups, waiting up to --take-patience seconds for any group "
+        "issued before them (then drop; without a patience nothing is ever past the bound)",
         choices=STALE_POLICIES,
         when={**ASYNC, "staleness_drop": True},
+    )
+    take_patience: float | None = option(
+        None,
+        "with --stale-policy ordered: seconds the trainer waits for a group issued before those it would take, "
+        "once a batch's worth has finished, before it takes them anyway (none: wait for it; 0: never wait)",
+        ge=0,
+        when={**ASYNC, "staleness_drop": True, "stale_policy": "ordered"},
     )
     rollout_backend: str = option(
         "local",

@@ -90,7 +90,9 @@ def run_flags(
     if not spec.get("sync"):
         flags += ["--staleness-drop", "true" if drop else "false"]
         if policy != "drop":
-            flags += ["--stale-policy", policy]
+            name, wait = split_policy(policy)
+            flags += ["--stale-policy", name]
+            flags += ["--take-patience", f"{wait:g}"] if wait is not None else []
     if frozen:
         flags += ["--freeze-policy", "true"]
     return flags
@@ -243,6 +245,27 @@ def window_rate(sim: dict) -> float:
     return sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
 
 
+def split_policy(label: str) -> tuple[str, float | None]:
+    """A policy as this experiment names it -> (lrl's --stale-policy, its --take-patience): ``ordered@1.2`` is
+    ``ordered`` with a patience of 1.2 s; any other name has none."""
+    name, _, wait = label.partition("@")
+    if not wait:
+        return name, None
+    try:
+        seconds = float(wait)
+    except ValueError:
+        seconds = math.nan
+    if name != "ordered" or not seconds >= 0 or not math.isfinite(seconds):
+        raise SystemExit(f"policy {label!r}: only ordered takes a patience, in seconds >= 0 (ordered@1.2)")
+    return name, seconds
+
+
+def sim_policy(label: str) -> dict:
+    """The simulator's arguments of a policy label (lrl.sim.board.simulate_board: policy, patience)."""
+    name, wait = split_policy(label)
+    return {"policy": name, "patience": math.inf if wait is None else wait}
+
+
 def predicted(run: dict, drop: bool, policy: str = "drop") -> dict:
     """The simulator's prediction of a run from the run's own measured durations, trainer time and loads."""
     from lrl.sim.board import simulate_board
@@ -262,7 +285,7 @@ def predicted(run: dict, drop: bool, policy: str = "drop") -> dict:
         run.get("steps") or len(h),
         drop=drop,
         sync_before=sync,
-        policy=policy,
+        **sim_policy(policy),
     )
     return {
         "episodes_per_s": window_rate(sim),
@@ -368,7 +391,7 @@ def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> di
             turns=part["turns"],
             engine=curve,
             co_run=slow,
-            policy=policy,
+            **sim_policy(policy),
             tool_servers=servers,
         )
         sim["episodes_per_s"] = window_rate(sim)
@@ -573,7 +596,10 @@ def run_folder(
     """The folder name under results/designs of a setting's runs: ``[codefix-]hard|throttle[-frozen][-sN][-P]``."""
     name = env_prefix(env) + ("hard" if drop else "throttle") + ("-frozen" if frozen else "")
     name += f"-s{slots}" if slots != SLOTS else ""
-    return name + (f"-{policy}" if policy != "drop" else "")
+    if policy == "drop":
+        return name
+    base, wait = split_policy(policy)
+    return name + f"-{base}" + (f"-w{wait:g}" if wait is not None else "")
 
 
 def main(args, extra: list[str]) -> int:
@@ -585,6 +611,8 @@ def main(args, extra: list[str]) -> int:
     slots = args.slots or SLOTS
     frozen = bool(getattr(args, "freeze_policy", False))
     policy = getattr(args, "stale_policy", "drop")
+    if getattr(args, "take_patience", None) is not None:
+        policy = f"{policy}@{args.take_patience:g}"  # ordered with a patience: a folder of its own
     out = Path(args.out or f"results/designs/{run_folder(env, drop, frozen, slots, policy)}")
     only = [SHORT.get(x, x) for x in (getattr(args, "only", None) or [])]
     unknown = [x for x in only if x not in DESIGNS]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -176,6 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         help="with --designs: train.py --stale-policy of the async designs (runs go to a folder of their own)",
     )
     p.add_argument(
+        "--take-patience",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --designs --stale-policy ordered: train.py --take-patience (runs go to a folder of their own, "
+        "...-ordered-wS)",
+    )
+    p.add_argument(
         "--env",
         choices=("tinyagent", "codefix"),
         default="tinyagent",
@@ -237,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         args.freeze_policy = args.freeze_policy == "true"
         if args.stale_policy != "drop" and not args.staleness_drop:
             p.error("--stale-policy applies to the hard bound: it cannot go with --staleness-drop false")
+        if args.take_patience is not None and args.stale_policy != "ordered":
+            p.error("--take-patience applies to --stale-policy ordered")
+        if args.take_patience is not None and not (0 <= args.take_patience < math.inf):
+            p.error("--take-patience: seconds >= 0")
         if args.slots is not None and args.slots < 1:
             p.error("--slots must be at least 1")
         return designs.main(args, args.flags)

@@ -5,7 +5,8 @@ throughput against waste, measured and predicted.
 Each policy's runs are in ``results/designs/hard`` (``drop``, with the synchronous runs the ratios are taken
 against) and ``results/designs/hard-<policy>`` (``codefix-hard`` and ``codefix-hard-<policy>`` with ``--env codefix``,
 written to ``policies-codefix.md``; ``hard-frozen[-<policy>]`` with ``--freeze-policy true``, written to
-``policies-frozen.md``); a design a folder lacks is left out. The prediction beside each
+``policies-frozen.md``); ``ordered`` with a patience of S seconds in ``hard-ordered-wS``; a design a folder lacks is
+left out. The prediction beside each
 measurement is the simulator's for that run, from the run's own episode times (the duration model, which counts
 an episode as one unit of work spread over its time); the waste measured is in action tokens.
 """
@@ -37,6 +38,30 @@ def folder(policy: str, root: Path = ROOT, env: str = "tinyagent", frozen: bool 
     return root / run_folder(env, True, frozen, policy=policy)
 
 
+def labels(root: Path = ROOT, env: str = "tinyagent", frozen: bool = False) -> list[str]:
+    """Every policy, in option order, each ``ordered`` with a patience that has a folder after ``ordered``
+    (``...-ordered-w1.2``: ``ordered@1.2``), by patience."""
+    out = []
+    for policy in STALE_POLICIES:
+        out.append(policy)
+        if policy == "ordered":
+            base = folder(policy, root, env, frozen).name + "-w"
+            waits = []
+            for path in root.glob(base + "*"):
+                try:
+                    waits.append(float(path.name[len(base) :]))
+                except ValueError:
+                    continue  # not a patience folder
+            out += [f"ordered@{w:g}" for w in sorted(waits)]
+    return out
+
+
+def shown(label: str) -> str:
+    """A policy label as the table and figure show it: ``ordered@1.2`` is ``ordered, 1.2 s``."""
+    name, _, wait = label.partition("@")
+    return f"{name}, {wait} s" if wait else name
+
+
 def compare(
     root: Path = ROOT,
     design: str = "async eta=1, partial",
@@ -56,7 +81,7 @@ def compare(
     sync_by_seed = {r["repeat"]: x for r, x in zip(sync_runs, sync["per_repeat"])}
     drop_by_seed = {r["repeat"]: r for r in load_runs(home, [design])}
     rows = []
-    for policy in STALE_POLICIES:
+    for policy in labels(root, env, frozen):
         runs = load_runs(folder(policy, root, env, frozen), [design])
         if not runs:
             continue
@@ -123,7 +148,7 @@ def table(rows: list[dict]) -> str:
         decoded = sum(x["measured"]["decoded_tokens"] for x in r["per_repeat"])
         pass_rate = r["measured_pass_rate"]
         cells = [
-            r["stale_policy"],
+            shown(r["stale_policy"]),
             str(r["repeats"]),
             f"{r['measured_episodes_per_s']:.2f} / {r['predicted_episodes_per_s']:.2f}",
             f"{', '.join(f'{x:.2f}' for x in r['x_sync_per_seed'])} ({r['x_sync']:.2f} / {r['predicted_x_sync']:.2f})",
@@ -172,7 +197,7 @@ def sources_table(rows: list[dict]) -> str:
             return median([x[key] for x in src]) if src else math.nan
 
         cells = [
-            r["stale_policy"],
+            shown(r["stale_policy"]),
             f"{med('period_s'):.2f}",
             f"{100 * med('over_1p'):.1f}%",
             f"{100 * med('over_2p'):.1f}%",
@@ -199,11 +224,11 @@ def figure(rows: list[dict], path: Path) -> None:
         color = f"C{i}"
         x, y = 100 * r["measured_wasted_share"], r["x_sync"]
         px, py = 100 * r["predicted_wasted_share"], r["predicted_x_sync"]
-        ax.plot([x], [y], "o", color=color, markersize=8, label=f"{r['stale_policy']} (measured)")
+        ax.plot([x], [y], "o", color=color, markersize=8, label=f"{shown(r['stale_policy'])} (measured)")
         if math.isfinite(px) and math.isfinite(py):
             ax.plot([px], [py], "o", color=color, markersize=8, markerfacecolor="none")
             ax.plot([x, px], [y, py], "-", color=color, linewidth=0.8, alpha=0.6)
-        ax.annotate(r["stale_policy"], (x, y), textcoords="offset points", xytext=(6, 4), fontsize=9)
+        ax.annotate(shown(r["stale_policy"]), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=9)
     ax.set_xlim(left=0)
     ax.axhline(2.5, color="grey", linestyle=":", linewidth=1)
     ax.axvline(5.0, color="grey", linestyle=":", linewidth=1)

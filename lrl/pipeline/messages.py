@@ -1,8 +1,8 @@
 """What the controller and its rollout workers say to each other: typed records, one class per message.
 
-Controller to worker: :class:`Setup` (once, first), :class:`Work`, :class:`Pause`, :class:`Resume`,
-:class:`Stop`. Worker to controller: :class:`GroupDone` (free-running), :class:`BatchDone` (deterministic),
-:class:`Beat`, :class:`Paused`, :class:`Failed`. Episodes travel as :class:`lrl.rollout.Episode` objects
+Controller to worker: :class:`Setup` (once, first), :class:`Work`, :class:`Cut`, :class:`Pause`,
+:class:`Resume`, :class:`Stop`. Worker to controller: :class:`GroupDone` (free-running), :class:`BatchDone`
+(deterministic), :class:`CutDone`, :class:`Beat`, :class:`Paused`, :class:`Failed`. Episodes travel as :class:`lrl.rollout.Episode` objects
 between live processes; what is saved in a checkpoint is plain data (``Episode.state()``).
 """
 
@@ -47,6 +47,20 @@ class Work:
     groups: list[Group]
     batch: int
     start_version: int | None = None
+
+
+@dataclass
+class Cut:
+    """Send each of these groups that has at least half of its episodes finished now, without the rest (the
+    controller ran out of patience waiting for them: ``--stale-policy ordered``); answer :class:`CutDone`."""
+
+    serials: list[int]
+
+
+@dataclass
+class CutDone:
+    worker: int
+    declined: list[int]  # the serials of the Cut not sent: not held any more, or less than half finished
 
 
 @dataclass

@@ -9,16 +9,21 @@ never floods a queue.
 
 - :class:`FreeSchedule`: each batch's groups are split round robin into one unit per worker; the trainer takes
   the oldest *finished* groups, whatever batch they were drawn for (``--stale-policy oldest-first``: the finished
-  groups whose oldest action token is oldest, so that those closest to the bound are trained before they pass it).
+  groups whose oldest action token is oldest, so that those closest to the bound are trained before they pass it;
+  ``ordered``: the earliest *issued* finished groups, once no group issued before them is still out; once it
+  has waited ``--take-patience`` seconds for one, it asks the workers to send each such group with at least half
+  of it finished without the rest (:class:`~lrl.pipeline.messages.Cut`), and takes once they have answered).
 - :class:`DeterministicSchedule`: batch ``b`` goes whole to worker ``b mod W`` and starts on version
   ``max(0, b - max_staleness)``; the trainer takes batches in order.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
 
-from lrl.pipeline.messages import BatchDone, Group, GroupDone, Work
+from lrl.pipeline.messages import BatchDone, CutDone, Group, GroupDone, Work
 
 
 class _Schedule:
@@ -34,6 +39,9 @@ class _Schedule:
         self.held = [0] * workers  # episodes each worker holds (sent, not yet back)
         self.issued_batches = 0
         self.oldest_first = False  # take the finished groups with the oldest tokens first (--stale-policy)
+        self.ordered = False  # take the earliest issued finished groups, waiting for earlier ones (--stale-policy)
+        self.outbox: list[tuple[int, list[int]]] = []  # (worker, serials) to send a Cut to (ordered)
+        self.patience = math.inf  # seconds an ordered take waits for an earlier group (--take-patience)
 
     def limit(self, version: int) -> int:
         """Batches the throttle lets start by the time the trainer is at `version`."""
@@ -47,6 +55,10 @@ class FreeSchedule(_Schedule):
         super().__init__(*args)
         self.ready: deque[tuple[int, list]] = deque()  # finished (serial, episodes), oldest finished first
         self.seconds: dict[int, float] = {}  # serial -> its generation time
+        self.flying: set[int] = set()  # serials issued whose group has not come back
+        self.owner: dict[int, int] = {}  # serial -> the worker it was sent to, while it is out
+        self.deadline: float | None = None  # until when an ordered take waits (time.monotonic)
+        self.cutting: set[int] | None = None  # serials asked to be cut, not answered yet (None: none asked)
 
     def issue(self, version: int, new_groups, send) -> None:
         """Hand out every batch allowed now: `new_groups()` draws a batch's groups, `send(w, Work)` sends."""
@@ -59,14 +71,23 @@ class FreeSchedule(_Schedule):
             ):
                 return  # a worker is full: the rest waits for its results
             groups = new_groups()
+            self.flying.update(g.serial for g in groups)
             for w, unit in enumerate(units):
                 if unit:
+                    self.owner.update((groups[i].serial, w) for i in unit)
                     send(w, Work([groups[i] for i in unit], self.issued_batches))
                     self.held[w] += len(unit) * self.episodes_per_group
             self.issued_batches += 1
 
     def accept(self, message) -> None:
+        if isinstance(message, CutDone):
+            if self.cutting is not None:
+                self.cutting -= set(message.declined)
         if isinstance(message, GroupDone):
+            self.flying.discard(message.serial)
+            self.owner.pop(message.serial, None)
+            if self.cutting is not None:
+                self.cutting.discard(message.serial)
             self.ready.append((message.serial, message.episodes))
             self.seconds[message.serial] = message.seconds
             self.held[message.worker] -= self.episodes_per_group  # the whole group, cut episodes included
@@ -77,6 +98,8 @@ class FreeSchedule(_Schedule):
         or past it), in the order they finished among equals."""
         if len(self.ready) < self.groups_per_batch:
             return None
+        if self.ordered:
+            return self._take_ordered()
         if not self.oldest_first:
             return [self.ready.popleft() for _ in range(self.groups_per_batch)]
         ranked = sorted(range(len(self.ready)), key=lambda i: (oldest_tag(self.ready[i][1]), i))
@@ -84,6 +107,37 @@ class FreeSchedule(_Schedule):
         taken = [g for i, g in enumerate(self.ready) if i in chosen]
         self.ready = deque(g for i, g in enumerate(self.ready) if i not in chosen)
         return sorted(taken, key=lambda g: oldest_tag(g[1]))
+
+    def _take_ordered(self) -> list[tuple[int, list]] | None:
+        """``ordered``: the G earliest issued finished groups, in serial order, once no group issued before the
+        last of them is still out. After ``patience`` seconds of waiting for one, the workers are asked to cut
+        every such group (``outbox``: the source sends the Cut messages), and the take waits for their answers
+        (the group, sent without its unfinished episodes, or a refusal), then takes without what is still out."""
+        if self.cutting is None:
+            ranked = self._ranked()
+            last = self.ready[ranked[-1]][0]
+            earlier = sorted(s for s in self.flying if s < last)
+            if earlier:
+                now = time.monotonic()
+                if self.deadline is None:
+                    self.deadline = now + self.patience
+                if now < self.deadline:
+                    return None
+                self.cutting = set(earlier)
+                for w in sorted({self.owner.get(s, 0) for s in earlier}):
+                    self.outbox.append((w, [s for s in earlier if self.owner.get(s, 0) == w]))
+                return None
+        elif self.cutting:
+            return None  # answers still to come
+        self.deadline = self.cutting = None
+        chosen = set(self._ranked())
+        taken = [g for i, g in enumerate(self.ready) if i in chosen]
+        self.ready = deque(g for i, g in enumerate(self.ready) if i not in chosen)
+        return sorted(taken, key=lambda g: g[0])
+
+    def _ranked(self) -> list[int]:
+        """Positions in ``ready`` of the G earliest issued finished groups."""
+        return sorted(range(len(self.ready)), key=lambda i: self.ready[i][0])[: self.groups_per_batch]
 
     @property
     def queued(self) -> int:
@@ -95,6 +149,8 @@ class FreeSchedule(_Schedule):
             "seconds": dict(self.seconds),
             "held": list(self.held),
             "issued_batches": self.issued_batches,
+            "flying": sorted(self.flying),
+            "owner": {int(k): v for k, v in self.owner.items()},
         }
 
     def load_state_dict(self, state: dict, episode) -> None:
@@ -102,6 +158,10 @@ class FreeSchedule(_Schedule):
         self.seconds = {int(k): v for k, v in state["seconds"].items()}
         self.held = list(state["held"])
         self.issued_batches = state["issued_batches"]
+        self.flying = {int(s) for s in state.get("flying", [])}  # a checkpoint from before it was kept: none
+        self.owner = {int(k): v for k, v in state.get("owner", {}).items()}
+        self.deadline = self.cutting = None  # a wait begins again after a resume
+        self.outbox = []
 
 
 class DeterministicSchedule(_Schedule):
@@ -177,6 +237,8 @@ def make_schedule(cfg, groups_per_batch: int):
         groups_per_batch, cfg.episodes_per_task, cfg.rollout_workers, cfg.max_staleness, cfg.slots
     )
     schedule.oldest_first = cfg.staleness_drop and cfg.stale_policy == "oldest-first"
+    schedule.ordered = cfg.staleness_drop and cfg.stale_policy == "ordered"
+    schedule.patience = math.inf if cfg.take_patience is None else float(cfg.take_patience)
     return schedule
 
 

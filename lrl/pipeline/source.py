@@ -23,7 +23,7 @@ import torch
 
 from lrl.batch import Batch
 from lrl.pipeline.backends import make_workers
-from lrl.pipeline.messages import BatchDone, Beat, Group, GroupDone, Pause, Paused, Resume, Setup
+from lrl.pipeline.messages import BatchDone, Beat, Cut, Group, GroupDone, Pause, Paused, Resume, Setup
 from lrl.pipeline.metrics import StepWindow, delta, pipeline_metrics
 from lrl.pipeline.schedule import make_schedule
 from lrl.sources.base import TaskPicker, rank_seed, score_batch
@@ -169,6 +169,9 @@ class AsyncSource:
             at_take = self.schedule.queued  # episodes finished and waiting: what the take chooses among
             groups = self.schedule.take()
             if groups is None:
+                for w, serials in self.schedule.outbox:  # ordered, out of patience: cut what it waits for
+                    self.workers.send(w, Cut(serials))
+                self.schedule.outbox.clear()
                 self._receive()
                 continue
             batch, info = self._assemble(groups, version, time.perf_counter() - start)
@@ -309,6 +312,8 @@ class AsyncSource:
         self.generator.set_state(state["generator"])
         self.issued = state["issued"]
         self.group_task = {int(k): v for k, v in state["group_task"].items()}
+        if hasattr(self.schedule, "flying") and "flying" not in state["schedule"]:  # an older checkpoint
+            self.schedule.flying = set(self.group_task) - {s for s, _ in self.schedule.ready}
         self.produced = state["produced"]
         self.restore = state["workers"]
         self.restore_board = state["board"]

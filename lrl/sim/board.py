@@ -23,7 +23,10 @@ it as it is:
   earliest, then drops; ``abort`` stops an episode in flight once the worker sees a version that puts it past
   the bound, and starts its task again first in the worker's queue; ``cut``, once a worker sees the last version
   a group can be trained on (``eta`` after the one its oldest episode started on), sends it without its
-  unfinished episodes if at least half of it has finished. ``pace`` is the simulator's alone: an
+  unfinished episodes if at least half of it has finished; ``ordered`` takes the earliest issued finished groups
+  once no group issued before them is unfinished; once it has waited ``patience`` seconds since a batch's worth
+  had finished, it sends every earlier group with at least half finished without its unfinished episodes (as
+  ``cut`` does) and takes without the others (then drops). ``pace`` is the simulator's alone: an
   admission in time, which starts an episode only when the median of the last 64 episodes' durations says it
   ends before the trainer takes its last batch within the bound (``eta`` trainer periods, the median gap of the
   last 64 steps, from when the worker switched to its version), or when the worker has nothing in flight, then
@@ -50,7 +53,7 @@ from dataclasses import dataclass, field
 
 from lrl.sim.load import EngineCurve, LoadEngine, parse_turns
 
-POLICIES = ("drop", "mask", "oldest-first", "abort", "cut", "pace")  # lrl.config.STALE_POLICIES
+POLICIES = ("drop", "mask", "oldest-first", "abort", "cut", "ordered", "pace")  # lrl.config.STALE_POLICIES
 WAIT_SLICE = 0.1  # lrl.envs.workers.WAIT_SLICE: a rollout worker's longest blocking wait for tool answers
 
 
@@ -111,6 +114,7 @@ def simulate_board(
     wait_slice: float | None = None,
     policy: str = "drop",
     tool_servers: int | None = None,
+    patience: float = math.inf,
 ) -> dict:
     """Simulate `steps` training steps of lrl's pipeline -> dict.
 
@@ -129,6 +133,8 @@ def simulate_board(
     ``WAIT_SLICE``, lrl's own; 0: at once).
     ``policy``: what the bound does to work past it (``drop``, ``mask``, ``oldest-first``, ``abort``; with
     ``drop=True``, see the module's notes).
+    ``patience``: with ``policy="ordered"``, the seconds the trainer waits for an earlier issued group (lrl's
+    ``--take-patience``; ``inf``: until it is back).
     ``tool_servers`` (the load model): each worker's tool calls are served by that many servers, first come first
     served, a turn's tool seconds being its service time (a sandbox pool: lrl's ``--env-workers``); None: all at
     once.
@@ -194,6 +200,7 @@ def simulate_board(
     tokens = {"decoded": 0.0, "wasted": 0.0, "masked": 0.0}  # the load model's action tokens
     trained_seconds = 0.0
     launched: list[float] = []
+    wait_from = [None]  # until when the trainer waits for the batch's last groups (ordered)
 
     units = [list(range(w, G, workers)) for w in range(workers)]  # each worker's groups of a batch
 
@@ -296,6 +303,20 @@ def simulate_board(
             finished.append(g)
             pool[group_worker.pop(g)].held -= E if release == "group" else len(flying) + unstarted
 
+    def cut_group(g: int, now: float) -> None:
+        """Send group `g` without its unfinished episodes (``ordered`` out of patience)."""
+        nonlocal cut
+        worker = pool[group_worker[g]]
+        flying = [ep for ep in worker.running.values() if ep.group == g]
+        stop(worker, flying, now)
+        unstarted = sum(1 for q in worker.queue if q == g)
+        if unstarted:
+            worker.queue = deque(q for q in worker.queue if q != g)
+        cut += len(flying) + unstarted
+        del group_left[g]
+        finished.append(g)
+        pool[group_worker.pop(g)].held -= E if release == "group" else len(flying) + unstarted
+
     def paces(worker: _Worker, now: float) -> bool:
         """``pace``: whether an episode started now is expected to be trained within the bound."""
         gaps = [b - a for a, b in zip(step_ends[-65:], step_ends[-64:])]
@@ -322,7 +343,23 @@ def simulate_board(
         """The trainer's next batch: G finished groups, stale episodes dropped (None: not enough yet)."""
         nonlocal dropped
         while len(finished) >= G:
-            if policy == "oldest-first":  # the groups whose oldest episode started earliest, stable
+            if policy == "ordered":  # the G earliest issued, waiting up to `patience` s for any issued before
+                groups = sorted(finished)[:G]
+                if group_left and min(group_left) < groups[-1]:  # an earlier group is still in flight
+                    if wait_from[0] is None:
+                        wait_from[0] = t + patience  # the deadline
+                    if t < wait_from[0]:
+                        return None
+                    for g in sorted(x for x in group_left if x < groups[-1]):
+                        if 2 * (E - group_left[g]) >= E:  # at least half finished: sent without the rest
+                            cut_group(g, t)
+                    groups = sorted(finished)[:G]
+                wait_from[0] = None
+                chosen = set(groups)
+                finished_left = [g for g in finished if g not in chosen]
+                finished.clear()
+                finished.extend(finished_left)
+            elif policy == "oldest-first":  # the groups whose oldest episode started earliest, stable
                 ranked = sorted(finished, key=lambda g: min(ep.version for ep in group_episodes[g]))
                 groups = ranked[:G]
                 chosen = set(groups)
@@ -406,6 +443,8 @@ def simulate_board(
         pauses = [wk.paused_until for wk in pool if wk.paused_until > t]
         step = [training_until] if training_until is not None else []
         t_next = min([*step, *pauses], default=math.inf)
+        if training_until is None and wait_from[0] is not None:
+            t_next = min(t_next, max(wait_from[0], t))
         for wk in pool:
             if wk.ends:
                 t_next = min(t_next, wk.ends[0][0])

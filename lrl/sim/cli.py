@@ -229,7 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="P",
         help="with a turn trace: plan the async designs under the hard bound, once with each staleness policy "
-        "(lrl's --stale-policy: drop mask oldest-first abort cut), with their waste; default: the throttle alone",
+        "(lrl's --stale-policy: drop mask oldest-first abort cut ordered), with their waste; default: the "
+        "throttle alone",
+    )
+    g.add_argument(
+        "--take-patience",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="S",
+        help="with --policies ordered: the seconds the trainer waits for an earlier issued group (lrl's "
+        "--take-patience), one plan row each; default: it waits until the group is back",
     )
     g.add_argument(
         "--engine-step",
@@ -372,6 +382,10 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_turn_trace(args, parser)
     if args.single or args.extra or args.plot:
         parser.error("--trace plans from a trace; it does not combine with --single, --extra or --plot")
+    if args.take_patience is not None and "ordered" not in (args.policies or []):
+        parser.error("--take-patience applies to --policies ordered")
+    if any(x < 0 or x != x for x in args.take_patience or []):
+        parser.error("--take-patience: seconds >= 0")
     if args.policies:
         parser.error(
             "--policies plans from a turn trace (docs/simulate.md); a trace of wall times has no tokens"
@@ -430,8 +444,9 @@ def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         }
         settings = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
         rows = turns.plan_turns(
-            trace, slots, args.bounds, args.steps, engine, args.workers, args.policies, **given
-        )
+            trace, slots, args.bounds, args.steps, engine, args.workers, args.policies,
+            patience=args.take_patience, **given,
+        )  # fmt: skip
     except TraceError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2

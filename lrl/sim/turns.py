@@ -132,12 +132,14 @@ def plan_turns(
     engine=None,
     workers: int = 1,
     policies: list[str] | None = None,
+    patience: list[float] | None = None,
     **given,
 ) -> list:
     """Every design at every slot count (per worker, on `workers` workers, each its own engine) -> rows.
     `given` (train_s, sync_s, batch, group, co_run) overrides the trace; `engine` (an EngineCurve) too.
     `policies`: the async designs under the hard bound, once with each staleness policy (lrl's
-    ``--stale-policy``), instead of with the throttle alone."""
+    ``--stale-policy``), instead of with the throttle alone; ``ordered`` once with each of `patience` (seconds;
+    None: it waits for every earlier group)."""
     from lrl.sim.board import POLICIES, simulate_board
 
     choosable = [x for x in POLICIES if x != "pace"]  # lrl's --stale-policy; pace is the simulator's alone
@@ -159,28 +161,33 @@ def plan_turns(
         raise TraceError(trace.path, 1, f"the batch ({batch}) must be a whole number of groups of {group}")
     co = float(s.get("co_run", 1.0))
     servers = int(s["tool_servers"]) if s.get("tool_servers") else None  # tools queue for a pool of servers
-    designs = [("synchronous", 0, True, True, None)]
+    designs = [("synchronous", 0, True, True, None, None)]
+    variants = []  # (policy, its patience)
+    for policy in policies or [None]:
+        waits = (patience or [None]) if policy == "ordered" else [None]
+        variants += [(policy, w) for w in waits]
     for k in bounds:
-        for policy in policies or [None]:
+        for policy, wait in variants:
             designs += [
-                (f"async bound {k}, partial", k, True, False, policy),
-                (f"async bound {k}, drain", k, False, False, policy),
+                (f"async bound {k}, partial", k, True, False, policy, wait),
+                (f"async bound {k}, drain", k, False, False, policy, wait),
             ]
     rows = []
     for n in slots:
-        for name, eta, interrupt, sync, policy in designs:
+        for name, eta, interrupt, sync, policy, wait in designs:
             r = simulate_board(
                 None, n, group, batch // group, float(s["train_s"]) * (1.0 if sync else co),
                 float(s.get("sync_s", 0.0)), eta, interrupt, steps, drop=policy is not None,
                 sync_before=sync, workers=workers, turns=trace.episodes, engine=curve,
                 co_run=1.0 if sync else co, policy=policy or "drop", tool_servers=servers,
+                patience=math.inf if wait is None else wait,
             )  # fmt: skip
             rows.append(
                 {
                     "slots": n,
                     "workers": workers,
                     "design": name,
-                    "policy": policy,  # None: the throttle alone
+                    "policy": policy if wait is None else f"{policy} {wait:g}s",  # None: the throttle alone
                     "wasted_share": r["wasted_tokens"] / r["decoded_tokens"] if r["decoded_tokens"] else 0.0,
                     "dropped": r["dropped"],
                     "aborted": r["aborted"],

@@ -130,9 +130,12 @@ def test_resume_last_over_checkpoints_that_cannot_be_read_is_an_error(tmp_path, 
         pytest.param(False, 8, "drop", marks=pytest.mark.slow),
         *[
             pytest.param(False, 8, p, marks=pytest.mark.slow)
-            for p in ("mask", "abort", "oldest-first", "cut")
+            for p in ("mask", "abort", "oldest-first", "cut", "ordered")
         ],
-        *[pytest.param(True, 8, p, marks=pytest.mark.slow) for p in ("mask", "abort", "oldest-first", "cut")],
+        *[
+            pytest.param(True, 8, p, marks=pytest.mark.slow)
+            for p in ("mask", "abort", "oldest-first", "cut", "ordered")
+        ],
     ],
 )
 def test_sigkill_at_a_random_moment_then_resume_loses_and_repeats_nothing(

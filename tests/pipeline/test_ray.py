@@ -179,7 +179,7 @@ def test_two_actors_are_placed_on_two_nodes_and_the_bound_holds_per_token(cluste
 
 
 @pytest.mark.slow  # 10-20 s each once the cluster is up
-@pytest.mark.parametrize("policy", ["mask", "abort", "oldest-first", "cut"])
+@pytest.mark.parametrize("policy", ["mask", "abort", "oldest-first", "cut", "ordered"])
 def test_every_staleness_policy_keeps_the_bound_on_ray_actors(cluster, format_policy, policy):
     tokens = Tokens()
     cfg = ray_cfg(
@@ -202,6 +202,8 @@ def test_every_staleness_policy_keeps_the_bound_on_ray_actors(cluster, format_po
     }
     if policy in acted:
         assert sum(h[acted[policy]] for h in history) > 0, [h[acted[policy]] for h in history]
+    elif policy == "ordered":  # nothing passes the bound: nothing is dropped
+        assert all(h["dropped_ids"] == [] for h in history)
     else:  # oldest-first acts in the controller's schedule, the same whatever the backend
         assert run.source.schedule.oldest_first
     wait_until(lambda: not cluster.actors(), 15, "the run's actors to end")

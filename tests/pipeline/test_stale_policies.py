@@ -2,7 +2,8 @@
 token staler than ``max_staleness``, checked per token), the ledger stays lossless, and each does what it says:
 ``mask`` zeroes exactly the over-stale tokens (and so their gradient), ``drop`` removes their episodes,
 ``oldest-first`` takes the groups closest to the bound first, ``abort`` stops an episode in flight once it is past
-the bound and starts its task again, ``cut`` sends a group at its last trainable version without its stragglers."""
+the bound and starts its task again, ``cut`` sends a group at its last trainable version without its stragglers,
+``ordered`` takes groups in the order they were issued, waiting (up to a patience) for the earlier ones."""
 
 from __future__ import annotations
 
@@ -116,6 +117,9 @@ class _Ep:
         self.version = versions
         self.generated = [True] * len(versions)
 
+    def state(self):
+        return {"version": self.version}
+
 
 def test_oldest_first_takes_the_groups_closest_to_the_bound():
     schedule = FreeSchedule(2, 1, 1, 1, 0)
@@ -132,6 +136,98 @@ def test_oldest_first_takes_the_groups_closest_to_the_bound():
     for serial, versions in [(0, [4, 4]), (1, [2, 5])]:
         fifo.accept(GroupDone(0, serial, [_Ep(versions)], 1.0))
     assert [s for s, _ in fifo.take()] == [0, 1]  # the default: the order they finished
+
+
+def test_ordered_takes_the_earliest_issued_groups_and_waits_for_an_earlier_one(monkeypatch):
+    from lrl.pipeline import schedule as module
+    from lrl.pipeline.messages import CutDone, GroupDone
+
+    clock = [100.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+
+    def fresh(patience):
+        schedule = FreeSchedule(2, 1, 2, 1, 0)  # groups of one, two a batch, two workers
+        schedule.ordered, schedule.patience = True, patience
+        schedule.flying = {0, 1, 2, 3, 4}  # issued, none back yet
+        for serial in (3, 1, 2):  # finished in this order; 0 and 4 are still out
+            schedule.accept(GroupDone(0, serial, [_Ep([4])], 1.0))
+        return schedule
+
+    forever = fresh(float("inf"))
+    clock[0] += 1e6
+    assert forever.take() is None  # group 0 was issued before 1 and 2: the take waits for it
+    forever.accept(GroupDone(0, 0, [_Ep([3])], 1.0))
+    assert [s for s, _ in forever.take()] == [0, 1]  # the earliest issued, though 3 finished first
+    assert [s for s, _ in forever.take()] == [2, 3]  # 4 was issued after both: no wait
+    assert forever.take() is None and forever.flying == {4}
+
+    patient = fresh(2.0)
+    patient.owner = {0: 1, 4: 0}
+    assert patient.take() is None  # the wait begins
+    clock[0] += 1.9
+    assert patient.take() is None and patient.outbox == []
+    clock[0] += 0.2  # 2.1 s after it began: worker 1 is asked to cut group 0, and the take waits for its answer
+    assert patient.take() is None and patient.outbox == [(1, [0])]
+    patient.outbox.clear()
+    assert patient.take() is None
+    patient.accept(GroupDone(1, 0, [_Ep([3])], 1.0))  # group 0, sent without its unfinished episode
+    assert [s for s, _ in patient.take()] == [0, 1]
+    assert [s for s, _ in patient.take()] == [2, 3]  # nothing issued before them is out: no wait
+
+    declined = fresh(0.0)  # patience 0: asks at once
+    assert declined.take() is None and declined.outbox == [(0, [0])]
+    declined.accept(CutDone(0, [0]))  # less than half of group 0 has finished: not sent
+    assert [s for s, _ in declined.take()] == [1, 2]  # taken without it
+    assert declined.flying == {0, 4} and declined.cutting is None
+
+    restored = FreeSchedule(2, 1, 2, 1, 0)
+    saved = fresh(1.0)
+    saved.owner = {0: 1, 4: 0}
+    restored.load_state_dict(saved.state_dict(), lambda e: _Ep(e["version"]))  # a checkpoint keeps what is out
+    assert restored.flying == {0, 4} and restored.owner == {0: 1, 4: 0}
+    assert [s for s, _ in restored.ready] == [3, 1, 2]
+
+
+@pytest.mark.parametrize("partial", ["interrupt", pytest.param("drain", marks=pytest.mark.slow)])
+def test_ordered_without_patience_never_passes_the_bound(format_policy, partial):
+    """Batch b goes out once the trainer is at b - eta and is taken whole at step b: nothing to drop."""
+    tokens = Tokens()
+    cfg = async_cfg(
+        max_staleness=1, stale_policy="ordered", partial_rollouts=partial, tool_latency="lognormal:0.02:2.0"
+    )
+    run = build_run(cfg, callbacks=[tokens], logger=False, policy=copy.deepcopy(format_policy))
+    fit(run)
+    history = run.module.history
+    trained, dropped = ledger_is_lossless(history)
+    assert dropped == 0 and trained == cfg.max_steps * cfg.tasks_per_step * cfg.episodes_per_task
+    assert all(h["pipeline/wasted_tokens"] == 0 for h in history)
+    for step, h in enumerate(history):  # each step trained the groups issued as its own batch
+        serials = {int(e.split(":")[1]) // cfg.episodes_per_task for e in h["trained_ids"]}
+        assert serials == set(range(step * cfg.tasks_per_step, (step + 1) * cfg.tasks_per_step))
+    assert tokens.staleness and max(tokens.staleness) <= 1
+
+
+@pytest.mark.slow  # about 20 s on 2 cores
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ordered_out_of_patience_cuts_the_groups_it_waited_for(format_policy, workers):
+    tokens = Tokens()
+    cfg = async_cfg(
+        max_staleness=1,
+        stale_policy="ordered",
+        take_patience=0.0,
+        rollout_workers=workers,
+        tool_latency="lognormal:0.02:2.0",
+        max_steps=8,
+    )
+    run = build_run(cfg, callbacks=[tokens], logger=False, policy=copy.deepcopy(format_policy))
+    fit(run)
+    history = run.module.history
+    cut = sum(h["pipeline/cut"] for h in history)
+    assert cut > 0  # the workers were asked, and sent groups without their stragglers
+    trained, dropped = ledger_is_lossless(history)  # the stragglers are recorded, not lost
+    assert dropped >= cut
+    assert all(h["pipeline/wasted_tokens"] >= h["pipeline/cut_tokens"] for h in history)
+    assert tokens.staleness and max(tokens.staleness) <= 1
 
 
 def test_rollout_abort_stops_the_rejected_episodes_and_forgets_their_tools(format_policy, spec):

@@ -170,6 +170,56 @@ def test_cut_sends_late_groups_without_their_stragglers():
     assert cut["wasted_tokens"] <= cut["decoded_tokens"]
 
 
+def test_ordered_waits_for_an_earlier_group_up_to_its_patience():
+    # groups of 2, batches of 2 groups, 8 slots, bound 1, steps of 0.5 s; episode 0 (group 0) takes 3 s, the rest
+    # 0.2 s. Groups 1-3 are back at 0.2 s; group 0, issued first, at 3.0 s
+    durations = [3.0] + [0.2] * 400
+    forever = simulate_board(durations, 8, 2, 2, 0.5, 0.0, 1, True, 6, policy="ordered")
+    assert forever["step_ends"][0] == pytest.approx(3.5)  # waits for group 0 and trains groups 0, 1
+    assert forever["dropped"] == 0 and forever["staleness_max"] == 1
+    assert forever["step_trained"] == [4] * 6  # every batch whole
+    patient = simulate_board(durations, 8, 2, 2, 0.5, 0.0, 1, True, 6, policy="ordered", patience=1.0)
+    # waits 0.2-1.2 s; group 0 has half its episodes back: it is sent without episode 0, and trained with group 1
+    # to 1.7; groups 2, 3 were issued before anything still out: taken at once, trained to 2.2
+    assert patient["step_ends"][:2] == pytest.approx([1.7, 2.2])
+    assert patient["cut"] == 1 and patient["step_trained"][0] == 3
+    assert patient["dropped"] == 0 and patient["staleness_max"] == 1
+    drop = simulate_board(durations, 8, 2, 2, 0.5, 0.0, 1, True, 6, policy="drop")
+    assert drop["step_ends"][0] == pytest.approx(0.7)  # drop never waits
+
+
+def test_the_planner_plans_ordered_once_per_patience():
+    from lrl.sim.load import EngineCurve
+    from lrl.sim.turns import TurnTrace, plan_turns
+
+    rng = random.Random(3)
+    episodes = [[(rng.randint(5, 20), rng.lognormvariate(-1.0, 1.0))] for _ in range(400)]
+    trace = TurnTrace("t", episodes, {"train_s": 0.3, "group": 4, "batch": 16}, EngineCurve.linear(0.002, 1e-4))
+    rows = plan_turns(trace, [16], [1], 8, policies=["drop", "ordered"], patience=[None, 0.5])
+    partial = {r["policy"]: r for r in rows if r["design"] == "async bound 1, partial"}
+    assert list(partial) == ["drop", "ordered", "ordered 0.5s"]
+    assert partial["ordered"]["dropped"] == 0 and partial["ordered"]["wasted_share"] == 0.0
+    assert all(r["staleness_max"] <= 1 for r in partial.values())
+
+
+def test_a_policy_label_carries_orders_patience(tmp_path):
+    from lrl.experiments import policies
+    from lrl.experiments.designs import run_flags, run_folder, split_policy
+
+    assert split_policy("ordered@1.2") == ("ordered", 1.2) and split_policy("mask") == ("mask", None)
+    for bad in ("mask@1", "ordered@-1", "ordered@soon"):
+        with pytest.raises(SystemExit, match="patience"):
+            split_policy(bad)
+    flags = run_flags("async eta=1, partial", 0, True, policy="ordered@1.2")
+    assert flags[-4:] == ["--stale-policy", "ordered", "--take-patience", "1.2"]
+    assert run_folder(policy="ordered@1.2") == "hard-ordered-w1.2"
+    for name in ("hard-ordered-w2", "hard-ordered-w0.5", "hard-frozen-ordered-w1", "hard-ordered-wx"):
+        (tmp_path / name).mkdir()
+    assert policies.labels(tmp_path)[-3:] == ["ordered", "ordered@0.5", "ordered@2"]
+    assert policies.labels(tmp_path, frozen=True)[-2:] == ["ordered", "ordered@1"]
+    assert policies.shown("ordered@0.5") == "ordered, 0.5 s"
+
+
 def test_an_unknown_policy_is_an_error():
     with pytest.raises(ValueError, match="policy"):
         simulate_board([1.0], 1, 1, 1, 0.1, 0.0, 1, True, 1, policy="later")

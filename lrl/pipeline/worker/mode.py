@@ -143,6 +143,20 @@ class Mode:
                 continue
             if oldest_tag([*finished, *episodes]) == last:  # a group with no action token yet never equals it
                 chosen.append(serial)
+        return self._cut(chosen)
+
+    def cut_groups(self, serials: list[int]) -> list[int]:
+        """The controller's :class:`~lrl.pipeline.messages.Cut`: send each of `serials` this worker holds with at
+        least half of its episodes finished without the rest (as ``cut`` does) -> the serials not sent."""
+        size = self.cfg.episodes_per_task
+        held = {slot.episode.tag[0] for slot in self.rollout.slots.values()} if self.rollout is not None else set()
+        held |= {serial for serial, _, _ in self.waiting}
+        chosen = [s for s in serials if s in held and 2 * len(self.groups.done.get(s, [])) >= size]
+        self._cut(chosen)
+        return [s for s in serials if s not in chosen]
+
+    def _cut(self, chosen: list[int]) -> int:
+        """Send the groups `chosen` without their unfinished episodes -> how many episodes were cut."""
         if not chosen:
             return 0
         cut = set(chosen)

@@ -19,7 +19,19 @@ import traceback
 
 import torch
 
-from lrl.pipeline.messages import Beat, Failed, Pause, Paused, Resume, Setup, Stop, Work, WorkerStats
+from lrl.pipeline.messages import (
+    Beat,
+    Cut,
+    CutDone,
+    Failed,
+    Pause,
+    Paused,
+    Resume,
+    Setup,
+    Stop,
+    Work,
+    WorkerStats,
+)
 from lrl.pipeline.worker.modes import mode_class
 from lrl.streams import ENV_FAILURES, batch_seed, stream_seed
 
@@ -175,6 +187,8 @@ class Worker:
             if isinstance(message, Work):
                 self.mode.accept(message)
                 block = False
+            elif isinstance(message, Cut):
+                self.send(CutDone(self.index, self.mode.cut_groups(message.serials)))
             elif isinstance(message, Pause):
                 self.pause()
             elif isinstance(message, Stop):
