@@ -39,7 +39,13 @@ def one_line(err: Exception) -> str:
 def main(argv: list[str] | None = None) -> int:
     """train.py: stop signals are handled from its first line on (a run still starting stops at once, with one
     line), and the handlers it found are put back when it returns."""
-    from lrl.stopping import STOP_SIGNALS, StoppedBeforeTraining, install_startup_handlers, signal_name
+    from lrl.stopping import (
+        STOP_SIGNALS,
+        StoppedBeforeTraining,
+        install_startup_handlers,
+        received_at_start,
+        signal_name,
+    )
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS} if main_thread else {}
@@ -50,12 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     process_tempdir()  # whatever the run writes to TMPDIR goes with its process, even after a SIGKILL
     try:
         return run(sys.argv[1:] if argv is None else argv)
-    except StoppedBeforeTraining as stop:
+    except (StoppedBeforeTraining, Exception) as stop:
+        # the stop, or an error that an import it interrupted made of it
+        signum = stop.signum if isinstance(stop, StoppedBeforeTraining) else received_at_start()
+        if signum is None:
+            raise
         print(
-            f"train.py: stopped by {signal_name(stop.signum)} before the first step; nothing was trained yet",
+            f"train.py: stopped by {signal_name(signum)} before the first step; nothing was trained yet",
             file=sys.stderr,
         )
-        return 128 + stop.signum
+        return 128 + signum
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -24,9 +24,19 @@ class StoppedBeforeTraining(BaseException):
         self.signum = signum
 
 
+_RECEIVED: list[int] = []  # the stop signals that arrived while the run was starting
+
+
 def stop_at_once(signum, frame) -> None:
-    """The handler while a run starts: stop where it is."""
+    """The handler while a run starts: stop where it is (and remember it: an import the exception interrupts may
+    turn it into an error of its own, as numpy's lazy attributes turn it into an AttributeError)."""
+    _RECEIVED.append(signum)
     raise StoppedBeforeTraining(signum)
+
+
+def received_at_start() -> int | None:
+    """The first stop signal that arrived while the run was starting, if any."""
+    return _RECEIVED[0] if _RECEIVED else None
 
 
 def install_startup_handlers() -> None:

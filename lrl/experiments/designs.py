@@ -260,6 +260,12 @@ def split_policy(label: str) -> tuple[str, float | None]:
     return name, seconds
 
 
+def shown(label: str) -> str:
+    """A policy label as tables and figures show it: ``ordered@1.2`` is ``ordered, 1.2 s``."""
+    name, _, wait = label.partition("@")
+    return f"{name}, {wait} s" if wait else name
+
+
 def sim_policy(label: str) -> dict:
     """The simulator's arguments of a policy label (lrl.sim.board.simulate_board: policy, patience)."""
     name, wait = split_policy(label)

@@ -6,6 +6,8 @@ import math
 import statistics
 from pathlib import Path
 
+from lrl.experiments.designs import shown
+
 COLUMNS = [
     ("episodes/s", "episodes_per_s", "{:.2f}"),
     ("slot util", "slot_util", "{:.2f}"),
@@ -32,10 +34,10 @@ def markdown(rows: list[dict]) -> str:
         cells.append(f"{100 * error:+.1f}%")
         cells.append(f"{r['measured_dropped']} / {r['predicted_dropped']}")
         cells.append(f"{100 * (r['inrun_episodes_per_s'] / r['measured_episodes_per_s'] - 1):+.1f}%")
-        cells.append(r.get("stale_policy", "drop"))
+        cells.append(shown(r.get("stale_policy", "drop")))
         wasted = r.get("predicted_wasted_share", math.nan)
-        shown = "-" if wasted != wasted else f"{100 * wasted:.1f}%"  # the duration model counts no tokens
-        cells.append(f"{100 * r.get('measured_wasted_share', 0.0):.1f}% / {shown}")
+        guess = "-" if wasted != wasted else f"{100 * wasted:.1f}%"  # the duration model counts no tokens
+        cells.append(f"{100 * r.get('measured_wasted_share', 0.0):.1f}% / {guess}")
         cells.append(f"{r.get('measured_aborted', 0)} / {r.get('predicted_aborted', 0)}")
         mu, se = r.get("measured_pass_rate", math.nan), r.get("measured_pass_rate_se", math.nan)
         cells.append("-" if mu != mu else f"{mu:.2f} ± {se:.2f} ({r['pass_rate_repeats']})")

@@ -25,6 +25,7 @@ from lrl.experiments.designs import (
     measured,
     predicted,
     run_folder,
+    shown,
     summarise,
     waste_sources,
 )
@@ -54,12 +55,6 @@ def labels(root: Path = ROOT, env: str = "tinyagent", frozen: bool = False) -> l
                     continue  # not a patience folder
             out += [f"ordered@{w:g}" for w in sorted(waits)]
     return out
-
-
-def shown(label: str) -> str:
-    """A policy label as the table and figure show it: ``ordered@1.2`` is ``ordered, 1.2 s``."""
-    name, _, wait = label.partition("@")
-    return f"{name}, {wait} s" if wait else name
 
 
 def compare(

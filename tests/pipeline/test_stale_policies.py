@@ -188,7 +188,8 @@ def test_ordered_takes_the_earliest_issued_groups_and_waits_for_an_earlier_one(m
     assert [s for s, _ in restored.ready] == [3, 1, 2]
 
 
-@pytest.mark.parametrize("partial", ["interrupt", pytest.param("drain", marks=pytest.mark.slow)])
+@pytest.mark.slow  # about 17 s each on 2 cores (the schedule's own test above runs by default)
+@pytest.mark.parametrize("partial", ["interrupt", "drain"])
 def test_ordered_without_patience_never_passes_the_bound(format_policy, partial):
     """Batch b goes out once the trainer is at b - eta and is taken whole at step b: nothing to drop."""
     tokens = Tokens()

@@ -188,6 +188,38 @@ def test_a_signal_during_start_up_is_one_line_and_its_status(tmp_path, model_dir
     assert err.strip() == f"train.py: stopped by {name} before the first step; nothing was trained yet", err
 
 
+def test_a_start_up_signal_that_an_import_turned_into_another_error_is_still_the_stop(monkeypatch, capsys):
+    """A signal during ``import numpy`` once surfaced as numpy's AttributeError (its lazy attributes catch what
+    the handler raised): the run must still end as stopped, with its one line and 128 + the signal."""
+    import importlib.util
+
+    from lrl import stopping
+
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "train.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(stopping, "_RECEIVED", [])
+
+    def interrupted_import(argv):
+        try:
+            stopping.stop_at_once(signal.SIGHUP, None)
+        except stopping.StoppedBeforeTraining:
+            raise AttributeError("module 'numpy._core' has no attribute '_multiarray_umath'") from None
+
+    monkeypatch.setattr(script, "run", interrupted_import)
+    assert script.main([]) == 128 + signal.SIGHUP
+    err = capsys.readouterr().err
+    assert err.strip() == "train.py: stopped by SIGHUP before the first step; nothing was trained yet"
+
+    def plain_error(argv):  # without a signal an error stays an error
+        raise AttributeError("a real bug")
+
+    monkeypatch.setattr(stopping, "_RECEIVED", [])
+    monkeypatch.setattr(script, "run", plain_error)
+    with pytest.raises(AttributeError, match="a real bug"):
+        script.main([])
+
+
 @pytest.mark.slow  # 17 s on 2 cores: out of the default run (pytest -m slow)
 def test_sigint_right_after_the_run_folder_is_announced_is_one_line(tmp_path, model_dir):
     proc = start(model_dir, tmp_path / "runs", "--max-steps", "50")
