@@ -226,7 +226,8 @@ def test_ordered_out_of_patience_cuts_the_groups_it_waited_for(format_policy, wo
     cut = sum(h["pipeline/cut"] for h in history)
     assert cut > 0  # the workers were asked, and sent groups without their stragglers
     trained, dropped = ledger_is_lossless(history)  # the stragglers are recorded, not lost
-    assert dropped >= cut
+    # with the dropped, or among the unfinished when their group was sent back after the last take
+    assert dropped + len(history[-1].get("unfinished_ids", [])) >= cut
     assert all(h["pipeline/wasted_tokens"] >= h["pipeline/cut_tokens"] for h in history)
     assert tokens.staleness and max(tokens.staleness) <= 1
 
