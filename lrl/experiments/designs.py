@@ -262,8 +262,8 @@ def split_policy(label: str) -> tuple[str, float | None]:
 
 def shown(label: str) -> str:
     """A policy label as tables and figures show it: ``ordered@1.2`` is ``ordered, 1.2 s``."""
-    name, _, wait = label.partition("@")
-    return f"{name}, {wait} s" if wait else name
+    name, wait = split_policy(label)
+    return name if wait is None else f"{name}, {wait:g} s"
 
 
 def sim_policy(label: str) -> dict:

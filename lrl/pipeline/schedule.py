@@ -55,8 +55,7 @@ class FreeSchedule(_Schedule):
         super().__init__(*args)
         self.ready: deque[tuple[int, list]] = deque()  # finished (serial, episodes), oldest finished first
         self.seconds: dict[int, float] = {}  # serial -> its generation time
-        self.flying: set[int] = set()  # serials issued whose group has not come back
-        self.owner: dict[int, int] = {}  # serial -> the worker it was sent to, while it is out
+        self.owner: dict[int, int] = {}  # serial -> the worker it was sent to, while its group is out
         self.deadline: float | None = None  # until when an ordered take waits (time.monotonic)
         self.cutting: set[int] | None = None  # serials asked to be cut, not answered yet (None: none asked)
 
@@ -71,7 +70,6 @@ class FreeSchedule(_Schedule):
             ):
                 return  # a worker is full: the rest waits for its results
             groups = new_groups()
-            self.flying.update(g.serial for g in groups)
             for w, unit in enumerate(units):
                 if unit:
                     self.owner.update((groups[i].serial, w) for i in unit)
@@ -83,8 +81,7 @@ class FreeSchedule(_Schedule):
         if isinstance(message, CutDone):
             if self.cutting is not None:
                 self.cutting -= set(message.declined)
-        if isinstance(message, GroupDone):
-            self.flying.discard(message.serial)
+        elif isinstance(message, GroupDone):
             self.owner.pop(message.serial, None)
             if self.cutting is not None:
                 self.cutting.discard(message.serial)
@@ -116,7 +113,7 @@ class FreeSchedule(_Schedule):
         if self.cutting is None:
             ranked = self._ranked()
             last = self.ready[ranked[-1]][0]
-            earlier = sorted(s for s in self.flying if s < last)
+            earlier = sorted(s for s in self.owner if s < last)
             if earlier:
                 now = time.monotonic()
                 if self.deadline is None:
@@ -124,8 +121,10 @@ class FreeSchedule(_Schedule):
                 if now < self.deadline:
                     return None
                 self.cutting = set(earlier)
-                for w in sorted({self.owner.get(s, 0) for s in earlier}):
-                    self.outbox.append((w, [s for s in earlier if self.owner.get(s, 0) == w]))
+                by_worker: dict[int, list[int]] = {}
+                for serial in earlier:
+                    by_worker.setdefault(self.owner[serial], []).append(serial)
+                self.outbox.extend(sorted(by_worker.items()))
                 return None
         elif self.cutting:
             return None  # answers still to come
@@ -134,6 +133,11 @@ class FreeSchedule(_Schedule):
         taken = [g for i, g in enumerate(self.ready) if i in chosen]
         self.ready = deque(g for i, g in enumerate(self.ready) if i not in chosen)
         return sorted(taken, key=lambda g: g[0])
+
+    @property
+    def flying(self) -> set[int]:
+        """The serials issued whose group has not come back."""
+        return set(self.owner)
 
     def _ranked(self) -> list[int]:
         """Positions in ``ready`` of the G earliest issued finished groups."""
@@ -149,7 +153,6 @@ class FreeSchedule(_Schedule):
             "seconds": dict(self.seconds),
             "held": list(self.held),
             "issued_batches": self.issued_batches,
-            "flying": sorted(self.flying),
             "owner": {int(k): v for k, v in self.owner.items()},
         }
 
@@ -158,7 +161,7 @@ class FreeSchedule(_Schedule):
         self.seconds = {int(k): v for k, v in state["seconds"].items()}
         self.held = list(state["held"])
         self.issued_batches = state["issued_batches"]
-        self.flying = {int(s) for s in state.get("flying", [])}  # a checkpoint from before it was kept: none
+        # a checkpoint from before it was kept: lrl.pipeline.source rebuilds it
         self.owner = {int(k): v for k, v in state.get("owner", {}).items()}
         self.deadline = self.cutting = None  # a wait begins again after a resume
         self.outbox = []

@@ -200,7 +200,7 @@ def simulate_board(
     tokens = {"decoded": 0.0, "wasted": 0.0, "masked": 0.0}  # the load model's action tokens
     trained_seconds = 0.0
     launched: list[float] = []
-    wait_from = [None]  # until when the trainer waits for the batch's last groups (ordered)
+    deadline: float | None = None  # until when the trainer waits for an earlier issued group (ordered)
 
     units = [list(range(w, G, workers)) for w in range(workers)]  # each worker's groups of a batch
 
@@ -286,7 +286,6 @@ def simulate_board(
 
     def cut_short(worker: _Worker, now: float) -> None:
         """Send every group at its last version with at least half finished without its unfinished episodes."""
-        nonlocal cut
         w = pool.index(worker)
         mine = [g for g, left in group_left.items() if group_worker[g] == w and 2 * (E - left) >= E]
         for g in mine:
@@ -294,17 +293,10 @@ def simulate_board(
             oldest = min(ep.version for ep in (*group_episodes[g], *flying))
             if version - oldest != eta:
                 continue
-            stop(worker, flying, now)
-            unstarted = sum(1 for q in worker.queue if q == g)
-            if unstarted:
-                worker.queue = deque(q for q in worker.queue if q != g)
-            cut += len(flying) + unstarted
-            del group_left[g]
-            finished.append(g)
-            pool[group_worker.pop(g)].held -= E if release == "group" else len(flying) + unstarted
+            cut_group(g, now)
 
     def cut_group(g: int, now: float) -> None:
-        """Send group `g` without its unfinished episodes (``ordered`` out of patience)."""
+        """Send group `g` without its unfinished episodes (``cut``, and ``ordered`` out of patience)."""
         nonlocal cut
         worker = pool[group_worker[g]]
         flying = [ep for ep in worker.running.values() if ep.group == g]
@@ -341,20 +333,20 @@ def simulate_board(
 
     def take() -> list[_Episode] | None:
         """The trainer's next batch: G finished groups, stale episodes dropped (None: not enough yet)."""
-        nonlocal dropped
+        nonlocal dropped, deadline
         while len(finished) >= G:
             if policy == "ordered":  # the G earliest issued, waiting up to `patience` s for any issued before
                 groups = sorted(finished)[:G]
                 if group_left and min(group_left) < groups[-1]:  # an earlier group is still in flight
-                    if wait_from[0] is None:
-                        wait_from[0] = t + patience  # the deadline
-                    if t < wait_from[0]:
+                    if deadline is None:
+                        deadline = t + patience
+                    if t < deadline:
                         return None
                     for g in sorted(x for x in group_left if x < groups[-1]):
                         if 2 * (E - group_left[g]) >= E:  # at least half finished: sent without the rest
                             cut_group(g, t)
                     groups = sorted(finished)[:G]
-                wait_from[0] = None
+                deadline = None
                 chosen = set(groups)
                 finished_left = [g for g in finished if g not in chosen]
                 finished.clear()
@@ -443,8 +435,8 @@ def simulate_board(
         pauses = [wk.paused_until for wk in pool if wk.paused_until > t]
         step = [training_until] if training_until is not None else []
         t_next = min([*step, *pauses], default=math.inf)
-        if training_until is None and wait_from[0] is not None:
-            t_next = min(t_next, max(wait_from[0], t))
+        if training_until is None and deadline is not None:
+            t_next = min(t_next, max(deadline, t))
         for wk in pool:
             if wk.ends:
                 t_next = min(t_next, wk.ends[0][0])

@@ -148,7 +148,7 @@ def test_ordered_takes_the_earliest_issued_groups_and_waits_for_an_earlier_one(m
     def fresh(patience):
         schedule = FreeSchedule(2, 1, 2, 1, 0)  # groups of one, two a batch, two workers
         schedule.ordered, schedule.patience = True, patience
-        schedule.flying = {0, 1, 2, 3, 4}  # issued, none back yet
+        schedule.owner = {s: 0 for s in range(5)}  # issued to worker 0, none back yet
         for serial in (3, 1, 2):  # finished in this order; 0 and 4 are still out
             schedule.accept(GroupDone(0, serial, [_Ep([4])], 1.0))
         return schedule
