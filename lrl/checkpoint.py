@@ -29,7 +29,11 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lrl.config import Config, ConfigError
 from lrl.errors import OutputError
-from lrl.stopping import STOP_SIGNALS, StoppedBeforeTraining  # noqa: F401 (StoppedBeforeTraining: re-exported)
+from lrl.stopping import (  # noqa: F401 (StoppedBeforeTraining: re-exported)
+    STOP_SIGNALS,
+    StoppedBeforeTraining,
+    received_at_start,
+)
 
 # keys that may differ between the run that wrote a checkpoint and the run that resumes it
 RESUMABLE_CHANGES = {
@@ -231,6 +235,11 @@ class GracefulStop(L.Callback):
     def setup(self, trainer, pl_module, stage) -> None:
         if stage != "fit" or self._previous:
             return
+        # a start-up signal whose exception landed where Python ignores exceptions (a weakref or import-lock
+        # callback, a __del__) was swallowed there: it stops the run here, before these handlers replace it
+        signum = received_at_start()
+        if signum is not None:
+            raise StoppedBeforeTraining(signum)
         for signum in STOP_SIGNALS:
             try:
                 self._previous[signum] = signal.signal(signum, self._handle)
@@ -238,6 +247,8 @@ class GracefulStop(L.Callback):
                 return
 
     def on_train_start(self, trainer, pl_module) -> None:
+        if self.stopped is not None:  # a signal before training whose exception was swallowed where it landed
+            raise StoppedBeforeTraining(self.stopped)
         self._training = True
         # Lightning wraps SIGTERM between setup and here; its handler ends fit with a SystemExit (status 0) at
         # the epoch's end, so the stop would look like success: ours alone decides from now on

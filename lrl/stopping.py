@@ -28,8 +28,10 @@ _RECEIVED: list[int] = []  # the stop signals that arrived while the run was sta
 
 
 def stop_at_once(signum, frame) -> None:
-    """The handler while a run starts: stop where it is (and remember it: an import the exception interrupts may
-    turn it into an error of its own, as numpy's lazy attributes turn it into an AttributeError)."""
+    """The handler while a run starts: stop where it is, and remember it. The exception may not reach train.py as
+    itself: an import it interrupts may turn it into an error of its own (numpy's lazy attributes make it an
+    AttributeError), and code where Python ignores exceptions (an import-lock or weakref callback) swallows it;
+    train.py and lrl.checkpoint.GracefulStop look at what was received."""
     _RECEIVED.append(signum)
     raise StoppedBeforeTraining(signum)
 
@@ -41,6 +43,7 @@ def received_at_start() -> int | None:
 
 def install_startup_handlers() -> None:
     """Every stop signal ends a starting run with StoppedBeforeTraining (main thread only)."""
+    _RECEIVED.clear()
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop_at_once)
 

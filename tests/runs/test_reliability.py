@@ -220,6 +220,24 @@ def test_a_start_up_signal_that_an_import_turned_into_another_error_is_still_the
         script.main([])
 
 
+def test_a_start_up_signal_swallowed_where_it_landed_stops_the_run_before_training(monkeypatch):
+    """A signal whose exception landed in an import-lock callback was printed as ignored, and the run trained on
+    and exited 0: the stop is taken again where the start-up handlers give way to the run's own."""
+    from lrl import stopping
+    from lrl.checkpoint import GracefulStop
+
+    monkeypatch.setattr(stopping, "_RECEIVED", [signal.SIGHUP])
+    stop = GracefulStop(None)
+    with pytest.raises(stopping.StoppedBeforeTraining) as raised:
+        stop.setup(None, None, "fit")
+    assert raised.value.signum == signal.SIGHUP and stop._previous == {}  # no handler of its own was installed
+    monkeypatch.setattr(stopping, "_RECEIVED", [])
+    late = GracefulStop(None)
+    late.stopped = signal.SIGTERM  # its own handler ran before training, and what it raised was swallowed
+    with pytest.raises(stopping.StoppedBeforeTraining):
+        late.on_train_start(None, None)
+
+
 @pytest.mark.slow  # 17 s on 2 cores: out of the default run (pytest -m slow)
 def test_sigint_right_after_the_run_folder_is_announced_is_one_line(tmp_path, model_dir):
     proc = start(model_dir, tmp_path / "runs", "--max-steps", "50")
