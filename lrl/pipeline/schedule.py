@@ -58,6 +58,8 @@ class FreeSchedule(_Schedule):
         self.owner: dict[int, int] = {}  # serial -> the worker it was sent to, while its group is out
         self.deadline: float | None = None  # until when an ordered take waits (time.monotonic)
         self.cutting: set[int] | None = None  # serials asked to be cut, not answered yet (None: none asked)
+        self.cut_asked = 0.0  # when the Cut of the wait going on was asked (time.monotonic)
+        self.cut_wait = 0.0  # seconds from asking a Cut to its last answer, summed since the last step's report
 
     def issue(self, version: int, new_groups, send) -> None:
         """Hand out every batch allowed now: `new_groups()` draws a batch's groups, `send(w, Work)` sends."""
@@ -121,6 +123,7 @@ class FreeSchedule(_Schedule):
                 if now < self.deadline:
                     return None
                 self.cutting = set(earlier)
+                self.cut_asked = now
                 by_worker: dict[int, list[int]] = {}
                 for serial in earlier:
                     by_worker.setdefault(self.owner[serial], []).append(serial)
@@ -128,6 +131,8 @@ class FreeSchedule(_Schedule):
                 return None
         elif self.cutting:
             return None  # answers still to come
+        else:
+            self.cut_wait += time.monotonic() - self.cut_asked
         self.deadline = self.cutting = None
         chosen = set(self._ranked())
         taken = [g for i, g in enumerate(self.ready) if i in chosen]

@@ -187,6 +187,9 @@ class AsyncSource:
             ]
         batch["pipeline"] = info.pop("metrics")
         batch["pipeline"]["pipeline/queue_depth_at_take"] = float(at_take)
+        if hasattr(self.schedule, "cut_wait"):  # ordered, out of patience: how long the workers took to answer
+            batch["pipeline"]["pipeline/cut_wait"] = self.schedule.cut_wait
+            self.schedule.cut_wait = 0.0
         batch["ledger"] = info
         batch["index"] = torch.tensor(self.produced)
         batch["sample_time"] = torch.tensor(time.perf_counter() - start)
