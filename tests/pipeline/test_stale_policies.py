@@ -225,6 +225,7 @@ def test_ordered_out_of_patience_cuts_the_groups_it_waited_for(format_policy, wo
     history = run.module.history
     cut = sum(h["pipeline/cut"] for h in history)
     assert cut > 0  # the workers were asked, and sent groups without their stragglers
+    assert sum(h["pipeline/cut_wait"] for h in history) > 0  # and the wait for their answers was timed
     trained, dropped = ledger_is_lossless(history)  # the stragglers are recorded, not lost
     # with the dropped, or among the unfinished when their group was sent back after the last take
     assert dropped + len(history[-1].get("unfinished_ids", [])) >= cut
