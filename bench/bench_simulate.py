@@ -2,6 +2,7 @@
 
     python bench/bench_simulate.py [--compare-slots 2048] [--slots 64 256 ...] [--steps 20] [--eta 2]
                                    [--n-durations 23068672] [--memory] [--threads 1]
+                                   [--load-slots 64 1024 16384] [--windowed-slots 1024 ... 1048576]
 
 Every run simulates `steps` steps of an asynchronous pipeline with partial rollouts (batch = slots, 60 s
 training, 10 s sync, bound eta) on one pool of pre-drawn agent durations (lrl.sim.durations). It prints:
@@ -10,7 +11,10 @@ training, 10 s sync, bound eta) on one pool of pre-drawn agent durations (lrl.si
    `--compare-slots`, both times, their ratio, and whether every number agrees (throughput, slot use,
    staleness mean, max and histogram, trained duration);
 2. one row per `--slots`: events, seconds with and without the event log, events per second; the largest
-   row is the one-core time of the biggest run.
+   row is the one-core time of the biggest run;
+3. the load model (episodes as turns on an engine that batches its decoding, lrl.sim.board) at each
+   `--load-slots` event by event and at each `--windowed-slots` in windows (lrl.sim.windowed): episodes,
+   seconds, microseconds an episode, and where both ran, how far apart their numbers are.
 
 Times come from one run on a shared machine: read the ratios within a run, not the absolute numbers. A row
 needs (steps + eta) x slots durations; rows the pool cannot feed are skipped and say so.
@@ -95,27 +99,58 @@ def draw_turns(n: int, seed: int) -> list[list[tuple[int, float]]]:
     ]
 
 
-def load_rows(slot_counts: list[int], steps: int, eta: int, seed: int, group: int = 8) -> None:
-    """The board simulator's load model (lrl.sim.load) at each slot count: batch = slots in groups of `group`,
-    turns cycled from a pool of 65,536 episodes, a step of 20 ms + 50 us per episode decoding, 60 s train."""
+def load_rows(
+    slot_counts: list[int],
+    windowed: list[int],
+    steps: int,
+    eta: int,
+    seed: int,
+    window_steps: float = 1.0,
+    group: int = 8,
+) -> None:
+    """The board simulator's load model at each slot count, event by event (lrl.sim.load) and in windows
+    (lrl.sim.windowed), and how far apart the two are where both ran: batch = slots in groups of `group`, turns
+    cycled from a pool of 65,536 episodes, a step of 20 ms + 50 us per episode decoding, 60 s train, 10 s
+    weight load, a worker that sees its messages at once (wait slice 0, as the windowed model has it)."""
     from lrl.sim.board import simulate_board
     from lrl.sim.load import EngineCurve
+    from lrl.sim.windowed import simulate_windowed
 
     pool = draw_turns(65_536, seed)
     curve = EngineCurve.linear(0.02, 5e-5)
     print(
-        f"\nload model (lrl.sim.load): {steps} steps, batch = slots in groups of {group}, eta {eta}, partial"
+        f"\nload model: {steps} steps, batch = slots in groups of {group}, eta {eta}, partial, throttle alone; "
+        f"windows of {window_steps:g} engine step(s)"
     )
-    print(" | ".join(f"{c:>12}" for c in ("slots", "episodes", "s", "episodes/s", "us/episode")))
-    for slots in slot_counts:
-        start = time.perf_counter()
-        r = simulate_board(
-            None, slots, group, max(slots // group, 1), 60.0, 10.0, eta, True, steps, drop=False,
-            turns=pool, engine=curve,
-        )  # fmt: skip
-        took = time.perf_counter() - start
-        cells = (f"{slots:>12,}", f"{r['started']:>12,}", f"{took:>12.2f}", f"{r['started'] / took:>12,.0f}")
-        print(" | ".join(cells) + f" | {took / r['started'] * 1e6:>12.2f}", flush=True)
+    print(" | ".join(f"{c:>12}" for c in ("slots", "model", "episodes", "s", "episodes/s", "us/episode")))
+    got: dict[tuple[int, str], dict] = {}
+    for slots in sorted(set(slot_counts) | set(windowed)):
+        args = (slots, group, max(slots // group, 1), 60.0, 10.0, eta, True, steps)
+        kw = {"drop": False, "turns": pool, "engine": curve}
+        for model in ("event", "windowed"):
+            if slots not in (slot_counts if model == "event" else windowed):
+                continue
+            start = time.perf_counter()
+            if model == "event":
+                r = simulate_board(None, *args, wait_slice=0.0, **kw)
+            else:
+                r = simulate_windowed(*args, window_steps=window_steps, **kw)
+            took = time.perf_counter() - start
+            got[slots, model] = r
+            cells = (f"{slots:>12,}", f"{model:>12}", f"{r['started']:>12,}", f"{took:>12.2f}",
+                     f"{r['started'] / took:>12,.0f}", f"{took / r['started'] * 1e6:>12.2f}")  # fmt: skip
+            print(" | ".join(cells), flush=True)
+    both = [n for n in sorted(set(slot_counts) & set(windowed))]
+    if both:
+        print("\nwindowed against event by event (relative difference; staleness: absolute):")
+        for slots in both:
+            e, w = got[slots, "event"], got[slots, "windowed"]
+            parts = [
+                f"{k} {w[k] / e[k] - 1:+.4%}" for k in ("episodes_per_s", "slot_util", "trained_duration")
+            ]
+            parts.append(f"staleness mean {w['staleness_mean'] - e['staleness_mean']:+.4f}")
+            parts.append(f"max {w['staleness_max']} vs {e['staleness_max']}")
+            print(f"  {slots:,} slots: " + ", ".join(parts))
 
 
 def main() -> int:
@@ -142,8 +177,19 @@ def main() -> int:
         "--load-slots",
         type=int,
         nargs="*",
-        default=[64, 1024, 16384, 65536],
-        help="slots of the load model's rows (none: skip them; 65,536 takes about 90 s, 1,048,576 is out of reach)",
+        default=[64, 1024, 16384],
+        help="slots of the event-by-event load model's rows (none: skip them; 16,384 takes about 30 s, 65,536 "
+        "about 2 minutes)",
+    )
+    p.add_argument(
+        "--windowed-slots",
+        type=int,
+        nargs="*",
+        default=[1024, 16384, 262144, 1048576],
+        help="slots of the windowed load model's rows (lrl.sim.windowed; 1,048,576 takes about 50 s)",
+    )
+    p.add_argument(
+        "--window-steps", type=float, default=1.0, help="the windowed model's window, in engine steps"
     )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -176,8 +222,8 @@ def main() -> int:
             f"{peak_mib(durations, slots, args.steps, args.eta):>10.1f}" if args.memory else f"{'-':>10}",
         )
         print(" | ".join(cells), flush=True)
-    if args.load_slots:
-        load_rows(args.load_slots, args.steps, args.eta, args.seed)
+    if args.load_slots or args.windowed_slots:
+        load_rows(args.load_slots, args.windowed_slots, args.steps, args.eta, args.seed, args.window_steps)
     return 0 if same else 1
 
 

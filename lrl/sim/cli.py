@@ -224,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
         "tool seconds being its service time; default: the trace's, else every call at once",
     )
     g.add_argument(
+        "--model",
+        choices=("auto", "event", "windowed"),
+        default="auto",
+        help="with a turn trace: simulate event by event, or in windows on arrays (lrl.sim.windowed: 20 steps of a "
+        "million slots in under a minute; the throttle alone and the drop policy, tools at once); auto: windowed "
+        "from 16,384 slots a worker where it applies",
+    )
+    g.add_argument(
         "--policies",
         nargs="+",
         default=None,
@@ -445,7 +453,7 @@ def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         settings = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
         rows = turns.plan_turns(
             trace, slots, args.bounds, args.steps, engine, args.workers, args.policies,
-            patience=args.take_patience, **given,
+            patience=args.take_patience, model=args.model, **given,
         )  # fmt: skip
     except TraceError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)

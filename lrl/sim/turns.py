@@ -22,6 +22,8 @@ from lrl.sim.load import EngineCurve, parse_turns
 from lrl.sim.trace import TraceError
 
 SETTINGS = ("train_s", "sync_s", "slots", "batch", "group", "co_run", "tool_servers")
+MODELS = ("auto", "event", "windowed")
+WINDOWED_FROM = 16_384  # slots a worker from which `auto` plans with the windowed model (there it is faster)
 
 
 @dataclass
@@ -133,14 +135,21 @@ def plan_turns(
     workers: int = 1,
     policies: list[str] | None = None,
     patience: list[float] | None = None,
+    model: str = "auto",
     **given,
 ) -> list:
     """Every design at every slot count (per worker, on `workers` workers, each its own engine) -> rows.
     `given` (train_s, sync_s, batch, group, co_run) overrides the trace; `engine` (an EngineCurve) too.
     `policies`: the async designs under the hard bound, once with each staleness policy (lrl's
     ``--stale-policy``), instead of with the throttle alone; ``ordered`` once with each of `patience` (seconds;
-    None: it waits for every earlier group)."""
+    None: it waits for every earlier group). `model`: ``event`` (lrl.sim.board, event by event), ``windowed``
+    (lrl.sim.windowed: numpy windows, for large slot counts; the throttle alone and ``drop``, tools at once) or
+    ``auto`` (windowed from WINDOWED_FROM slots a worker where it applies, else event)."""
     from lrl.sim.board import POLICIES, simulate_board
+    from lrl.sim.windowed import simulate_windowed
+
+    if model not in MODELS:
+        raise ValueError(f"model: one of {MODELS}")
 
     choosable = [x for x in POLICIES if x != "pace"]  # lrl's --stale-policy; pace is the simulator's alone
     unknown = [x for x in policies or [] if x not in choosable]
@@ -175,17 +184,35 @@ def plan_turns(
     rows = []
     for n in slots:
         for name, eta, interrupt, sync, policy, wait in designs:
-            r = simulate_board(
-                None, n, group, batch // group, float(s["train_s"]) * (1.0 if sync else co),
-                float(s.get("sync_s", 0.0)), eta, interrupt, steps, drop=policy is not None,
-                sync_before=sync, workers=workers, turns=trace.episodes, engine=curve,
-                co_run=1.0 if sync else co, policy=policy or "drop", tool_servers=servers,
-                patience=math.inf if wait is None else wait,
-            )  # fmt: skip
+            windowed = policy in (None, "drop") and servers is None  # what the windowed model covers
+            if model == "windowed" and not windowed:
+                raise ValueError(
+                    "the windowed model covers the throttle alone and --stale-policy drop with tools at once; "
+                    f"{'--tool-servers' if servers else policy} needs the event model (--model event or auto)"
+                )
+            use = (
+                "windowed"
+                if windowed and (model == "windowed" or (model == "auto" and n >= WINDOWED_FROM))
+                else "event"
+            )
+            common = (n, group, batch // group, float(s["train_s"]) * (1.0 if sync else co),
+                      float(s.get("sync_s", 0.0)), eta, interrupt, steps)  # fmt: skip
+            if use == "windowed":
+                r = simulate_windowed(
+                    *common, drop=policy is not None, sync_before=sync, workers=workers, turns=trace.episodes,
+                    engine=curve, co_run=1.0 if sync else co,
+                )  # fmt: skip
+            else:
+                r = simulate_board(
+                    None, *common, drop=policy is not None, sync_before=sync, workers=workers,
+                    turns=trace.episodes, engine=curve, co_run=1.0 if sync else co, policy=policy or "drop",
+                    tool_servers=servers, patience=math.inf if wait is None else wait,
+                )  # fmt: skip
             rows.append(
                 {
                     "slots": n,
                     "workers": workers,
+                    "model": use,
                     "design": name,
                     "policy": policy if wait is None else f"{policy} {wait:g}s",  # None: the throttle alone
                     "wasted_share": r["wasted_tokens"] / r["decoded_tokens"] if r["decoded_tokens"] else 0.0,
@@ -230,11 +257,17 @@ def turn_lines(trace: TurnTrace, rows: list[dict], settings: dict) -> list[str]:
         line += f"{r.get('policy') or '-':<12} | " if policies else ""
         line += f"{r['episodes_per_s']:10.3f} | {r['slot_utilization']:9.2f} | {r['staleness_mean']:.2f}, {r['staleness_max']}"
         line += f" | {100 * r['wasted_share']:5.1f}%" if policies else ""
-        out.append(line + (" *" if r["cycled"] else ""))
+        out.append(line + (" w" if r.get("model") == "windowed" else "") + (" *" if r["cycled"] else ""))
     if policies:
         out += [
             "",
             "policy: the hard bound with that --stale-policy; wasted: the action tokens decoded and never trained",
+        ]
+    if any(r.get("model") == "windowed" for r in rows):
+        out += [
+            "",
+            "w: simulated in windows (lrl.sim.windowed, a worker sees its messages at once); the others event by "
+            "event",
         ]
     if any(r["cycled"] for r in rows):
         out += ["", f"* needed more episodes than the trace's {len(eps):,}: they were used again in order"]
