@@ -23,6 +23,7 @@ needs (steps + eta) x slots durations; rows the pool cannot feed are skipped and
 from __future__ import annotations
 
 import argparse
+import math
 import time
 import tracemalloc
 
@@ -58,24 +59,29 @@ def peak_mib(pool: torch.Tensor, slots: int, steps: int, eta: int) -> float:
     return peak / 2**20
 
 
-def compare(pool: torch.Tensor, slots: int, steps: int, eta: int) -> bool:
-    """The simulator against the reference on one run: both times, the ratio, agreement -> all agree."""
+def compare(pool: torch.Tensor, slots: int, steps: int, eta: int, repeats: int = 3) -> bool:
+    """The simulator against the reference on one run: both times (the best of `repeats` each, alternating), the
+    ratio, agreement -> all agree."""
     need = (steps + eta) * slots
     if need > len(pool):
         print(f"reference comparison at {slots:,} slots skipped: needs up to {need:,} durations")
         return True
     durations = pool[:need]
-    start = time.perf_counter()
-    want = scan_reference(durations.tolist(), slots, slots, 60.0, 10.0, eta, True, steps)
-    reference_s = time.perf_counter() - start
-    simulator_s, got = timed_run(durations, slots, steps, eta, keep_events=True)
+    reference_s = simulator_s = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        want = scan_reference(durations.tolist(), slots, slots, 60.0, 10.0, eta, True, steps)
+        reference_s = min(reference_s, time.perf_counter() - start)
+        took, got = timed_run(durations, slots, steps, eta, keep_events=True)
+        simulator_s = min(simulator_s, took)
     differ = [key for key in COMPARED if got[key] != want[key]]
     events_same = got["events"] == want["events"]
     print(
         f"{slots:,} slots against the slot-scanning reference (lrl/sim/reference.py), event log kept by both:"
     )
     print(
-        f"  reference {reference_s:.3f} s, simulator {simulator_s:.4f} s: {reference_s / simulator_s:.1f}x faster"
+        f"  reference {reference_s:.3f} s, simulator {simulator_s:.4f} s (best of {repeats} each): "
+        f"{reference_s / simulator_s:.1f}x faster"
     )
     if differ or not events_same:
         print(f"  DIFFERENT: {', '.join(differ + ([] if events_same else ['events']))}")
@@ -163,6 +169,9 @@ def main() -> int:
         help="slots of the scale rows",
     )
     p.add_argument("--compare-slots", type=int, default=2048, help="slots of the reference comparison")
+    p.add_argument(
+        "--compare-repeats", type=int, default=3, help="runs of each in the comparison (the best counts)"
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--eta", type=int, default=2)
     p.add_argument(
@@ -200,7 +209,7 @@ def main() -> int:
         f"drew {len(pool):,} durations in {time.perf_counter() - start:.2f} s; torch threads {args.threads}"
     )
     print(f"{args.steps} steps, batch = slots, eta = {args.eta}, partial rollouts, 60 s train, 10 s sync\n")
-    same = compare(pool, args.compare_slots, args.steps, args.eta)
+    same = compare(pool, args.compare_slots, args.steps, args.eta, args.compare_repeats)
     print()
     cols = ("slots", "events", "s (log)", "s (no log)", "events/s", "us/event", "peak MiB")
     print(" | ".join(f"{c:>10}" for c in cols))
