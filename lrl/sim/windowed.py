@@ -159,7 +159,7 @@ def simulate_windowed(
 
     # rows: one per episode started and not yet taken by the trainer (a free list recycles them)
     rows = 1 << max(10, int(math.ceil(math.log2((eta + 3) * G * E + workers * n_slots))))
-    span = 8  # columns of tokens per version, from the version an episode started on; grows when needed
+    span = 2  # columns of tokens per version, from the version an episode started on; grows when needed
     R = {
         "group": np.zeros(rows, dtype=np.int64),
         "start_v": np.zeros(rows, dtype=np.int64),
@@ -169,7 +169,7 @@ def simulate_windowed(
         # finds undecoded moves to the new version)
         "cur_tok": np.zeros(rows),
         "start": np.zeros(rows),
-        "end": np.zeros(rows),
+        "dur": np.zeros(rows),  # from its start to its end
     }
     tok = np.zeros((rows, span))
     free_rows_arr = np.arange(rows - 1, -1, -1, dtype=np.int64)
@@ -216,6 +216,11 @@ def simulate_windowed(
         free_rows_arr[free_top : free_top + r.size] = r
         free_top += r.size
 
+    def grow_span(columns: int) -> None:
+        nonlocal tok, span
+        tok = np.concatenate([tok, np.zeros((tok.shape[0], columns - span))], axis=1)
+        span = columns
+
     def flush(r: np.ndarray) -> None:
         """Rows `r` (distinct) put the tokens of their current version in its column of `tok`."""
         nonlocal tok, span
@@ -225,9 +230,7 @@ def simulate_windowed(
         R["cur_tok"][r] = 0.0
         col = R["cur_v"][r] - R["start_v"][r]
         if col.size and col.max() >= span:
-            grow = int(col.max()) + 1 - span
-            tok = np.concatenate([tok, np.zeros((tok.shape[0], grow))], axis=1)
-            span += grow
+            grow_span(int(col.max()) + 1)
         tok[r, col] += amount  # the rows of one call are distinct
 
     def begin(wk: _Worker, r: np.ndarray, at: np.ndarray) -> None:
@@ -282,26 +285,34 @@ def simulate_windowed(
             r = g_rows[places].ravel()
             g_left[places] = -1
             version = st["version"]
-            flush(r)
-            work = tok[r].sum(axis=1)
+            col = R["cur_v"][r] - R["start_v"][r]
+            if col.max() >= span:
+                grow_span(int(col.max()) + 1)
+            amounts = tok[r]  # tokens per version from the one each started on, the current version's added
+            amounts[np.arange(r.size), col] += R["cur_tok"][r]
+            work = amounts.sum(axis=1)
             tokens["decoded"] += float(work.sum())
-            keep = np.ones(r.size, dtype=bool)
+            start_v = R["start_v"][r]
+            keep = None
             if drop:
-                keep = version - R["start_v"][r] <= eta
-                st["dropped"] += int((~keep).sum())
-                tokens["wasted"] += float(work[~keep].sum())
-            kept = r[keep]
-            if kept.size:
-                st["trained"] += kept.size
-                st["trained_seconds"] += float((R["end"][kept] - R["start"][kept]).sum())
-                ages = version - R["start_v"][kept]
-                ep_hist = _add_counts(ep_hist, np.bincount(ages))
-                amounts = tok[kept]
-                for col in range(span):  # tokens of the version `col` after the one the episode started on
-                    on = np.flatnonzero(amounts[:, col])
+                keep = version - start_v <= eta
+                st["dropped"] += int(r.size - np.count_nonzero(keep))
+                tokens["wasted"] += float(work.sum() - work[keep].sum())
+                if keep.all():
+                    keep = None
+            n_kept = r.size if keep is None else int(np.count_nonzero(keep))
+            if n_kept:
+                st["trained"] += n_kept
+                dur = R["dur"][r]
+                st["trained_seconds"] += float(dur.sum() if keep is None else dur[keep].sum())
+                ages = version - start_v
+                ep_hist = _add_counts(ep_hist, np.bincount(ages if keep is None else ages[keep]))
+                for c in range(amounts.shape[1]):  # tokens of the version `c` after the one the episode started on
+                    w = amounts[:, c]
+                    on = np.flatnonzero(w if keep is None else w * keep)
                     if on.size:
-                        hist = _add_counts(hist, np.bincount(ages[on] - col, weights=amounts[on, col]))
-                step_trained.append(int(kept.size))
+                        hist = _add_counts(hist, np.bincount(ages[on] - c, weights=w[on]))
+                step_trained.append(n_kept)
                 st["training_until"] = now + train_time
             tok[r] = 0.0
             give_rows(r)
@@ -482,7 +493,7 @@ def simulate_windowed(
                     R["turn"][r] += 1
                     if over.any():
                         gone, at = r[over], answer[over]
-                        R["end"][gone] = at
+                        R["dur"][gone] = at - R["start"][gone]
                         ends_r.append(gone)
                         ends_t.append(at)
                         wk.free = np.sort(np.concatenate([wk.free, at]), kind="stable")  # runs: near linear
@@ -490,8 +501,9 @@ def simulate_windowed(
                         begin(wk, r[~over], answer[~over])
             if ends_r:
                 r, at = np.concatenate(ends_r), np.concatenate(ends_t)
-                st["busy"] += float((at - R["start"][r]).sum())
-                st["launched"] += float((at - R["start"][r]).sum())
+                lived = float(R["dur"][r].sum())
+                st["busy"] += lived
+                st["launched"] += lived
                 st["n_launched"] += r.size
                 finish_groups(r, at)
                 changed = True
