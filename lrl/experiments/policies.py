@@ -119,6 +119,17 @@ def compare(
     return rows
 
 
+def calibration_spread(row: dict) -> str:
+    """The lowest and highest episodes/s the calibration's runs predict, each alone (over every seed's calibration),
+    and whether the measured median lies between them; "-" without a calibration."""
+    alone = [v for x in row["per_repeat"] for v in x["predicted"].get("per_calibration_run", [])]
+    if not alone:
+        return "-"
+    lo, hi = min(alone), max(alone)
+    holds = lo <= row["measured_episodes_per_s"] <= hi
+    return f"{lo:.1f}-{hi:.1f}" + (" (holds it)" if holds else "")
+
+
 def table(rows: list[dict]) -> str:
     head = [
         "policy",
@@ -126,6 +137,7 @@ def table(rows: list[dict]) -> str:
         "episodes/s (meas. / pred.)",
         "x sync, per seed (median: meas. / pred.)",
         "error",
+        "pred. per calibration run",
         "error (from drop's run)",
         "wasted tokens (meas. / pred.)",
         "dropped",
@@ -148,6 +160,7 @@ def table(rows: list[dict]) -> str:
             f"{r['measured_episodes_per_s']:.2f} / {r['predicted_episodes_per_s']:.2f}",
             f"{', '.join(f'{x:.2f}' for x in r['x_sync_per_seed'])} ({r['x_sync']:.2f} / {r['predicted_x_sync']:.2f})",
             f"{100 * err:+.1f}%",
+            calibration_spread(r),
             "-" if math.isnan(r["from_drop_error"]) else f"{100 * r['from_drop_error']:+.1f}%",
             f"{100 * r['measured_wasted_share']:.1f}% / {100 * r['predicted_wasted_share']:.1f}%",
             f"{r['measured_dropped']} / {r['predicted_dropped']}",
@@ -167,7 +180,9 @@ def table(rows: list[dict]) -> str:
         f"x sync: each run against the synchronous run of its seed; synchronous {first['sync_episodes_per_s']:.2f} "
         "episodes/s (median)"
         + ("" if sync_pass != sync_pass else f", held-out pass {sync_pass:.2f}")
-        + f'. Predicted ("error"): from {first["predicted_from"]}; also by the duration model from the drop '
+        + f'. Predicted ("error"): from {first["predicted_from"]} (the mean over its runs; "pred. per calibration '
+        'run": the lowest and highest of them, "holds it" where the measured median lies between: a miss that '
+        "the calibration's own spread covers); also by the duration model from the drop "
         "run of the same seed (the median error over the seeds: what a user running drop would be told); wasted: "
         "share of the action tokens decoded that were never trained (measured), of the episodes' work (predicted)."
     )

@@ -194,7 +194,9 @@ def test_the_planner_plans_ordered_once_per_patience():
 
     rng = random.Random(3)
     episodes = [[(rng.randint(5, 20), rng.lognormvariate(-1.0, 1.0))] for _ in range(400)]
-    trace = TurnTrace("t", episodes, {"train_s": 0.3, "group": 4, "batch": 16}, EngineCurve.linear(0.002, 1e-4))
+    trace = TurnTrace(
+        "t", episodes, {"train_s": 0.3, "group": 4, "batch": 16}, EngineCurve.linear(0.002, 1e-4)
+    )
     rows = plan_turns(trace, [16], [1], 8, policies=["drop", "ordered"], patience=[None, 0.5])
     partial = {r["policy"]: r for r in rows if r["design"] == "async bound 1, partial"}
     assert list(partial) == ["drop", "ordered", "ordered 0.5s"]
@@ -295,7 +297,9 @@ def test_the_policy_comparison_pairs_each_run_with_the_synchronous_run_of_its_se
     rows = policies.compare(tmp_path)
     assert [r["stale_policy"] for r in rows] == ["drop", "mask"]  # the policies with runs, in option order
     drop, mask = rows
-    assert drop["x_sync_per_seed"] == pytest.approx([2.0, 2.0]) and mask["x_sync_per_seed"] == pytest.approx([4.0])
+    assert drop["x_sync_per_seed"] == pytest.approx([2.0, 2.0]) and mask["x_sync_per_seed"] == pytest.approx(
+        [4.0]
+    )
     assert drop["measured_wasted_share"] == pytest.approx(0.2)  # the median of 0.1 and 0.3
     assert mask["measured_wasted_share"] == pytest.approx(0.05) and mask["repeats"] == 1
     text = policies.table(rows)
@@ -360,7 +364,24 @@ def test_a_pool_calibration_replaces_each_recorded_tool_wait_by_a_service_time()
 
     turns = [{"prompt": 4, "turns": [[3, 1.5, 0], [2, 0.0, 0]]}, [[1, 2.5], [1, 0.7]]]
     out = with_service(turns, [0.1, 0.2])
-    assert out == [{"prompt": 4, "turns": [[3, 0.1, 0], [2, 0.0, 0]]}, [[1, 0.2], [1, 0.1]]]  # in order, cycled
+    assert out == [
+        {"prompt": 4, "turns": [[3, 0.1, 0], [2, 0.0, 0]]},
+        [[1, 0.2], [1, 0.1]],
+    ]  # in order, cycled
     assert turns[0]["turns"][0][1] == 1.5  # the calibration's own turns are left as they were
     with pytest.raises(SystemExit, match="tool_service"):
         with_service(turns, [])
+
+
+def test_the_policy_table_gives_the_spread_of_the_calibration_runs_predictions():
+    from lrl.experiments.policies import calibration_spread
+
+    def row(measured: float, *alone: list[float]) -> dict:
+        return {
+            "measured_episodes_per_s": measured,
+            "per_repeat": [{"predicted": {"per_calibration_run": a}} for a in alone],
+        }
+
+    assert calibration_spread(row(33.0, [32.5, 44.9, 32.6], [32.5, 44.9, 32.6])) == "32.5-44.9 (holds it)"
+    assert calibration_spread(row(30.0, [32.5, 44.9], [31.0])) == "31.0-44.9"  # over every seed's calibration
+    assert calibration_spread({"measured_episodes_per_s": 1.0, "per_repeat": [{"predicted": {}}]}) == "-"
