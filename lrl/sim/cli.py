@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 
@@ -451,9 +452,16 @@ def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             "tool_servers": args.tool_servers,
         }
         settings = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
+        began = time.perf_counter()
+
+        def progress(done: int, total: int, row: dict) -> None:  # on stderr, so the table stays clean
+            if max(slots) >= turns.WINDOWED_FROM:  # a plan of minutes: say where it is
+                print(f"planned {done} of {total}: {row['slots']:,} slots x {row['workers']}, {row['design']} "
+                      f"({row['model']}), {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+
         rows = turns.plan_turns(
             trace, slots, args.bounds, args.steps, engine, args.workers, args.policies,
-            patience=args.take_patience, model=args.model, **given,
+            patience=args.take_patience, model=args.model, progress=progress, **given,
         )  # fmt: skip
     except TraceError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)

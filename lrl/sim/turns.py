@@ -136,6 +136,7 @@ def plan_turns(
     policies: list[str] | None = None,
     patience: list[float] | None = None,
     model: str = "auto",
+    progress=None,
     **given,
 ) -> list:
     """Every design at every slot count (per worker, on `workers` workers, each its own engine) -> rows.
@@ -144,7 +145,8 @@ def plan_turns(
     ``--stale-policy``), instead of with the throttle alone; ``ordered`` once with each of `patience` (seconds;
     None: it waits for every earlier group). `model`: ``event`` (lrl.sim.board, event by event), ``windowed``
     (lrl.sim.windowed: numpy windows, for large slot counts; the throttle alone and ``drop``, tools at once) or
-    ``auto`` (windowed from WINDOWED_FROM slots a worker where it applies, else event)."""
+    ``auto`` (windowed from WINDOWED_FROM slots a worker where it applies, else event). `progress(done, total,
+    row)`, if given, is called after each row."""
     from lrl.sim.board import POLICIES, simulate_board
     from lrl.sim.windowed import simulate_windowed
 
@@ -182,6 +184,7 @@ def plan_turns(
                 (f"async bound {k}, drain", k, False, False, policy, wait),
             ]
     rows = []
+    total = len(slots) * len(designs)
     for n in slots:
         for name, eta, interrupt, sync, policy, wait in designs:
             windowed = policy in (None, "drop") and servers is None  # what the windowed model covers
@@ -230,6 +233,8 @@ def plan_turns(
                     "cycled": r["started"] > len(trace.episodes),
                 }
             )
+            if progress is not None:
+                progress(len(rows), total, rows[-1])
     return rows
 
 

@@ -316,6 +316,9 @@ def test_a_turn_trace_plans_in_windows_where_asked_or_where_the_slots_are_many(t
         turns.read_turn_trace(str(trace)), [turns.WINDOWED_FROM], [1], 2, batch=turns.WINDOWED_FROM
     )
     assert {r["model"] for r in big} == {"windowed"}
+    seen = []
+    turns.plan_turns(turns.read_turn_trace(str(trace)), [16], [1], 2, progress=lambda *a: seen.append(a[:2]))
+    assert seen == [(1, 3), (2, 3), (3, 3)]  # one report a row: the command prints it for plans of minutes
     main(["--trace", str(trace), *flags, "--model", "windowed"])
     assert "w: simulated in windows" in capsys.readouterr().out
     assert main(["--trace", str(trace), *flags, "--model", "windowed", "--policies", "mask"]) == 2
