@@ -191,6 +191,14 @@ class Config:
         ge=0,
         when={**ASYNC, "staleness_drop": True, "stale_policy": "ordered"},
     )
+    take_patience_steps: float | None = option(
+        None,
+        "with --stale-policy ordered: the patience in trainer steps instead of seconds: K times the median of the "
+        "trainer's last 16 step times (measured from each batch handed to it to its next request; none measured "
+        "yet: wait for the earlier group), so the setting carries over between machines and models",
+        ge=0,
+        when={**ASYNC, "staleness_drop": True, "stale_policy": "ordered"},
+    )
     rollout_backend: str = option(
         "local",
         "where rollout workers run (a registered backend): local processes, threads of this process, or Ray "

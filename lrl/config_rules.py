@@ -59,9 +59,11 @@ def _yaml(value) -> str:
 
 def _pipeline_rules(cfg) -> list[str]:
     """The asynchronous pipeline's workers: no more than the groups of work they share (each backend checks
-    its own needs, memory included: lrl.pipeline.backends)."""
+    its own needs, memory included: lrl.pipeline.backends); one patience for ordered, in seconds or in steps."""
     if cfg.pipeline != "async":
         return []
+    if cfg.take_patience is not None and cfg.take_patience_steps is not None:
+        return ["take_patience and take_patience_steps: give one (seconds, or trainer steps), not both"]
     groups = cfg.tasks_per_step // cfg.world_size
     if cfg.rollout_workers > groups:
         return [

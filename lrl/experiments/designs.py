@@ -92,7 +92,8 @@ def run_flags(
         if policy != "drop":
             name, wait = split_policy(policy)
             flags += ["--stale-policy", name]
-            flags += ["--take-patience", f"{wait:g}"] if wait is not None else []
+            if wait is not None:
+                flags += ["--take-patience-steps" if isinstance(wait, Steps) else "--take-patience", f"{wait:g}"]
     if frozen:
         flags += ["--freeze-policy", "true"]
     return flags
@@ -245,30 +246,52 @@ def window_rate(sim: dict) -> float:
     return sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
 
 
+class Steps(float):
+    """A patience in trainer steps (lrl's --take-patience-steps), where a plain float is one in seconds."""
+
+
 def split_policy(label: str) -> tuple[str, float | None]:
-    """A policy as this experiment names it -> (lrl's --stale-policy, its --take-patience): ``ordered@1.2`` is
-    ``ordered`` with a patience of 1.2 s; any other name has none."""
+    """A policy as this experiment names it -> (lrl's --stale-policy, its patience): ``ordered@1.2`` is
+    ``ordered`` with a patience of 1.2 s, ``ordered@1x`` one of a trainer step (a :class:`Steps`); any other name
+    has none."""
     name, _, wait = label.partition("@")
     if not wait:
         return name, None
+    steps = wait.endswith("x")
     try:
-        seconds = float(wait)
+        value = float(wait[:-1] if steps else wait)
     except ValueError:
-        seconds = math.nan
-    if name != "ordered" or not seconds >= 0 or not math.isfinite(seconds):
-        raise SystemExit(f"policy {label!r}: only ordered takes a patience, in seconds >= 0 (ordered@1.2)")
-    return name, seconds
+        value = math.nan
+    if name != "ordered" or not value >= 0 or not math.isfinite(value):
+        raise SystemExit(
+            f"policy {label!r}: only ordered takes a patience, in seconds >= 0 (ordered@1.2) or in trainer steps "
+            "(ordered@1x)"
+        )
+    return name, Steps(value) if steps else value
+
+
+def patience_text(wait: float) -> str:
+    """A patience as a folder or label writes it: ``1.2`` (seconds) or ``1x`` (trainer steps)."""
+    return f"{wait:g}x" if isinstance(wait, Steps) else f"{wait:g}"
 
 
 def shown(label: str) -> str:
-    """A policy label as tables and figures show it: ``ordered@1.2`` is ``ordered, 1.2 s``."""
+    """A policy label as tables and figures show it: ``ordered@1.2`` is ``ordered, 1.2 s``, ``ordered@1x``
+    ``ordered, 1 step``."""
     name, wait = split_policy(label)
-    return name if wait is None else f"{name}, {wait:g} s"
+    if wait is None:
+        return name
+    if isinstance(wait, Steps):
+        return f"{name}, {wait:g} step" + ("" if wait == 1 else "s")
+    return f"{name}, {wait:g} s"
 
 
 def sim_policy(label: str) -> dict:
-    """The simulator's arguments of a policy label (lrl.sim.board.simulate_board: policy, patience)."""
+    """The simulator's arguments of a policy label (lrl.sim.board.simulate_board: policy, patience, or
+    patience_steps)."""
     name, wait = split_policy(label)
+    if isinstance(wait, Steps):
+        return {"policy": name, "patience_steps": float(wait)}
     return {"policy": name, "patience": math.inf if wait is None else wait}
 
 
@@ -605,7 +628,7 @@ def run_folder(
     if policy == "drop":
         return name
     base, wait = split_policy(policy)
-    return name + f"-{base}" + (f"-w{wait:g}" if wait is not None else "")
+    return name + f"-{base}" + (f"-w{patience_text(wait)}" if wait is not None else "")
 
 
 def main(args, extra: list[str]) -> int:
@@ -619,6 +642,8 @@ def main(args, extra: list[str]) -> int:
     policy = getattr(args, "stale_policy", "drop")
     if getattr(args, "take_patience", None) is not None:
         policy = f"{policy}@{args.take_patience:g}"  # ordered with a patience: a folder of its own
+    if getattr(args, "take_patience_steps", None) is not None:
+        policy = f"{policy}@{args.take_patience_steps:g}x"  # in trainer steps
     out = Path(args.out or f"results/designs/{run_folder(env, drop, frozen, slots, policy)}")
     only = [SHORT.get(x, x) for x in (getattr(args, "only", None) or [])]
     unknown = [x for x in only if x not in DESIGNS]

@@ -185,6 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         "...-ordered-wS)",
     )
     p.add_argument(
+        "--take-patience-steps",
+        type=float,
+        default=None,
+        metavar="K",
+        help="with --designs --stale-policy ordered: train.py --take-patience-steps (the patience in trainer steps; "
+        "runs go to ...-ordered-wKx)",
+    )
+    p.add_argument(
         "--env",
         choices=("tinyagent", "codefix"),
         default="tinyagent",
@@ -250,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--take-patience applies to --stale-policy ordered")
         if args.take_patience is not None and not (0 <= args.take_patience < math.inf):
             p.error("--take-patience: seconds >= 0")
+        if args.take_patience_steps is not None:
+            if args.stale_policy != "ordered" or args.take_patience is not None:
+                p.error("--take-patience-steps applies to --stale-policy ordered, instead of --take-patience")
+            if not (0 <= args.take_patience_steps < math.inf):
+                p.error("--take-patience-steps: trainer steps >= 0")
         if args.slots is not None and args.slots < 1:
             p.error("--slots must be at least 1")
         return designs.main(args, args.flags)

@@ -41,19 +41,20 @@ def folder(policy: str, root: Path = ROOT, env: str = "tinyagent", frozen: bool 
 
 def labels(root: Path = ROOT, env: str = "tinyagent", frozen: bool = False) -> list[str]:
     """Every policy, in option order, each ``ordered`` with a patience that has a folder after ``ordered``
-    (``...-ordered-w1.2``: ``ordered@1.2``), by patience."""
+    (``...-ordered-w1.2``: ``ordered@1.2``; ``...-ordered-w1x``: ``ordered@1x``, in trainer steps), by patience."""
     out = []
     for policy in STALE_POLICIES:
         out.append(policy)
         if policy == "ordered":
             base = folder(policy, root, env, frozen).name + "-w"
-            waits = []
+            seconds, steps = [], []
             for path in root.glob(base + "*"):
+                tail = path.name[len(base) :]
                 try:
-                    waits.append(float(path.name[len(base) :]))
+                    (steps if tail.endswith("x") else seconds).append(float(tail.removesuffix("x")))
                 except ValueError:
                     continue  # not a patience folder
-            out += [f"ordered@{w:g}" for w in sorted(waits)]
+            out += [f"ordered@{w:g}" for w in sorted(seconds)] + [f"ordered@{k:g}x" for k in sorted(steps)]
     return out
 
 

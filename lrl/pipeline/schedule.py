@@ -42,6 +42,7 @@ class _Schedule:
         self.ordered = False  # take the earliest issued finished groups, waiting for earlier ones (--stale-policy)
         self.outbox: list[tuple[int, list[int]]] = []  # (worker, serials) to send a Cut to (ordered)
         self.patience = math.inf  # seconds an ordered take waits for an earlier group (--take-patience)
+        self.patience_steps: float | None = None  # or in trainer steps (--take-patience-steps)
 
     def limit(self, version: int) -> int:
         """Batches the throttle lets start by the time the trainer is at `version`."""
@@ -247,6 +248,7 @@ def make_schedule(cfg, groups_per_batch: int):
     schedule.oldest_first = cfg.staleness_drop and cfg.stale_policy == "oldest-first"
     schedule.ordered = cfg.staleness_drop and cfg.stale_policy == "ordered"
     schedule.patience = math.inf if cfg.take_patience is None else float(cfg.take_patience)
+    schedule.patience_steps = cfg.take_patience_steps  # trainer steps: the source sets `patience` from them
     return schedule
 
 

@@ -17,7 +17,9 @@ episodes and the ledger, all as plain data (it loads with ``torch.load(weights_o
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 
 import torch
 
@@ -65,6 +67,8 @@ class AsyncSource:
         self._timeline: list = []  # the workers' occupancy samples up to the last step
         self._carry = self._fresh_carry()  # what groups dropped whole were, until the next batch's ledger
         self.last_time = time.time()
+        self.trainer_seconds: deque[float] = deque(maxlen=16)  # from each batch handed out to the next request
+        self._handed_at: float | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def bind(self, rank: int, world_size: int) -> None:
@@ -163,6 +167,11 @@ class AsyncSource:
         if not self.workers.running:
             self.start()
         start = time.perf_counter()
+        if self._handed_at is not None:  # the trainer's step since the last batch: update, sync, logging
+            self.trainer_seconds.append(start - self._handed_at)
+        steps = getattr(self.schedule, "patience_steps", None)
+        if steps is not None:  # ordered's patience in trainer steps: seconds from the steps measured so far
+            self.schedule.patience = patience_seconds(steps, self.trainer_seconds)
         while True:
             self.schedule.issue(version, self._new_groups, self.workers.send)
             self._drain()
@@ -190,10 +199,13 @@ class AsyncSource:
         if hasattr(self.schedule, "cut_wait"):  # ordered, out of patience: how long the workers took to answer
             batch["pipeline"]["pipeline/cut_wait"] = self.schedule.cut_wait
             self.schedule.cut_wait = 0.0
+        if steps is not None and math.isfinite(self.schedule.patience):  # the patience this take had, in seconds
+            batch["pipeline"]["pipeline/take_patience"] = self.schedule.patience
         batch["ledger"] = info
         batch["index"] = torch.tensor(self.produced)
         batch["sample_time"] = torch.tensor(time.perf_counter() - start)
         self.produced += 1
+        self._handed_at = time.perf_counter()
         return batch
 
     def _assemble(self, groups: list, version: int, waited: float) -> tuple[Batch | None, dict]:
@@ -327,6 +339,13 @@ class AsyncSource:
 
     def load_weights_state(self, state: dict) -> None:
         self.version = state["version"]
+
+
+def patience_seconds(steps: float, trainer_seconds) -> float:
+    """``--take-patience-steps``: `steps` times the median of the trainer's measured step times (the upper
+    median of an even count); inf while none is measured."""
+    measured = sorted(trainer_seconds)
+    return steps * measured[len(measured) // 2] if measured else math.inf
 
 
 def position(episode, k: int) -> int:

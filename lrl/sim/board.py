@@ -115,6 +115,7 @@ def simulate_board(
     policy: str = "drop",
     tool_servers: int | None = None,
     patience: float = math.inf,
+    patience_steps: float | None = None,
 ) -> dict:
     """Simulate `steps` training steps of lrl's pipeline -> dict.
 
@@ -134,7 +135,8 @@ def simulate_board(
     ``policy``: what the bound does to work past it (``drop``, ``mask``, ``oldest-first``, ``abort``; with
     ``drop=True``, see the module's notes).
     ``patience``: with ``policy="ordered"``, the seconds the trainer waits for an earlier issued group (lrl's
-    ``--take-patience``; ``inf``: until it is back).
+    ``--take-patience``; ``inf``: until it is back); ``patience_steps``, instead, that many of the trainer's steps
+    (lrl's ``--take-patience-steps``: ``patience_steps * train_time`` here, where every step takes that long).
     ``tool_servers`` (the load model): each worker's tool calls are served by that many servers, first come first
     served, a turn's tool seconds being its service time (a sandbox pool: lrl's ``--env-workers``); None: all at
     once.
@@ -161,6 +163,10 @@ def simulate_board(
         durs = [float(d) for d in durations]
         if not durs or any(not math.isfinite(d) or d < 0 for d in durs):
             raise ValueError("durations: need a non-empty list of finite seconds >= 0")
+    if patience_steps is not None:
+        if not (patience_steps >= 0 and math.isfinite(patience_steps)):
+            raise ValueError("patience_steps: trainer steps >= 0")
+        patience = patience_steps * train_time
     slice_s = WAIT_SLICE if wait_slice is None else float(wait_slice)
     if slice_s < 0 or not math.isfinite(slice_s):
         raise ValueError("wait_slice: seconds >= 0")

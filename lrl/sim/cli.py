@@ -251,6 +251,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--take-patience), one plan row each; default: it waits until the group is back",
     )
     g.add_argument(
+        "--take-patience-steps",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="K",
+        help="with --policies ordered: the same patience in trainer steps (lrl's --take-patience-steps), one plan "
+        "row each",
+    )
+    g.add_argument(
         "--engine-step",
         type=float,
         nargs=2,
@@ -395,6 +404,10 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("--take-patience applies to --policies ordered")
     if any(x < 0 or x != x for x in args.take_patience or []):
         parser.error("--take-patience: seconds >= 0")
+    if args.take_patience_steps is not None and "ordered" not in (args.policies or []):
+        parser.error("--take-patience-steps applies to --policies ordered")
+    if any(not (0 <= x < float("inf")) for x in args.take_patience_steps or []):
+        parser.error("--take-patience-steps: trainer steps >= 0")
     if args.policies:
         parser.error(
             "--policies plans from a turn trace (docs/simulate.md); a trace of wall times has no tokens"
@@ -461,7 +474,8 @@ def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
         rows = turns.plan_turns(
             trace, slots, args.bounds, args.steps, engine, args.workers, args.policies,
-            patience=args.take_patience, model=args.model, progress=progress, **given,
+            patience=args.take_patience, model=args.model, progress=progress,
+            patience_steps=args.take_patience_steps, **given,
         )  # fmt: skip
     except TraceError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)

@@ -137,13 +137,14 @@ def plan_turns(
     patience: list[float] | None = None,
     model: str = "auto",
     progress=None,
+    patience_steps: list[float] | None = None,
     **given,
 ) -> list:
     """Every design at every slot count (per worker, on `workers` workers, each its own engine) -> rows.
     `given` (train_s, sync_s, batch, group, co_run) overrides the trace; `engine` (an EngineCurve) too.
     `policies`: the async designs under the hard bound, once with each staleness policy (lrl's
-    ``--stale-policy``), instead of with the throttle alone; ``ordered`` once with each of `patience` (seconds;
-    None: it waits for every earlier group). `model`: ``event`` (lrl.sim.board, event by event), ``windowed``
+    ``--stale-policy``), instead of with the throttle alone; ``ordered`` once with each of `patience` (seconds)
+    and of `patience_steps` (trainer steps; neither: it waits for every earlier group). `model`: ``event`` (lrl.sim.board, event by event), ``windowed``
     (lrl.sim.windowed: numpy windows, for large slot counts; the throttle alone and ``drop``, tools at once) or
     ``auto`` (windowed from WINDOWED_FROM slots a worker where it applies, else event). `progress(done, total,
     row)`, if given, is called after each row."""
@@ -173,9 +174,10 @@ def plan_turns(
     co = float(s.get("co_run", 1.0))
     servers = int(s["tool_servers"]) if s.get("tool_servers") else None  # tools queue for a pool of servers
     designs = [("synchronous", 0, True, True, None, None)]
-    variants = []  # (policy, its patience)
+    variants = []  # (policy, its patience: seconds, or ("steps", K) in trainer steps)
     for policy in policies or [None]:
-        waits = (patience or [None]) if policy == "ordered" else [None]
+        waits = [*(patience or []), *(("steps", k) for k in patience_steps or [])]
+        waits = (waits or [None]) if policy == "ordered" else [None]
         variants += [(policy, w) for w in waits]
     for k in bounds:
         for policy, wait in variants:
@@ -209,7 +211,8 @@ def plan_turns(
                 r = simulate_board(
                     None, *common, drop=policy is not None, sync_before=sync, workers=workers,
                     turns=trace.episodes, engine=curve, co_run=1.0 if sync else co, policy=policy or "drop",
-                    tool_servers=servers, patience=math.inf if wait is None else wait,
+                    tool_servers=servers, patience=math.inf if wait is None or isinstance(wait, tuple) else wait,
+                    patience_steps=wait[1] if isinstance(wait, tuple) else None,
                 )  # fmt: skip
             rows.append(
                 {
@@ -217,7 +220,11 @@ def plan_turns(
                     "workers": workers,
                     "model": use,
                     "design": name,
-                    "policy": policy if wait is None else f"{policy} {wait:g}s",  # None: the throttle alone
+                    "policy": policy
+                    if wait is None  # None: the throttle alone
+                    else f"{policy} {wait[1]:g}x"
+                    if isinstance(wait, tuple)
+                    else f"{policy} {wait:g}s",
                     "wasted_share": r["wasted_tokens"] / r["decoded_tokens"] if r["decoded_tokens"] else 0.0,
                     "dropped": r["dropped"],
                     "aborted": r["aborted"],

@@ -8,6 +8,7 @@ the bound and starts its task again, ``cut`` sends a group at its last trainable
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -233,6 +234,27 @@ def test_ordered_out_of_patience_cuts_the_groups_it_waited_for(format_policy, wo
     assert tokens.staleness and max(tokens.staleness) <= 1
 
 
+@pytest.mark.slow  # about 20 s on 2 cores
+def test_ordered_with_a_patience_in_trainer_steps_measures_the_trainer_then_cuts(format_policy):
+    tokens = Tokens()
+    cfg = async_cfg(
+        max_staleness=1,
+        stale_policy="ordered",
+        take_patience_steps=0.5,
+        tool_latency="lognormal:0.02:2.0",
+        max_steps=8,
+    )
+    run = build_run(cfg, callbacks=[tokens], logger=False, policy=copy.deepcopy(format_policy))
+    fit(run)
+    history = run.module.history
+    assert "pipeline/take_patience" not in history[0]  # no trainer step measured before the first take
+    patience = [h["pipeline/take_patience"] for h in history[1:]]
+    assert len(patience) == 7 and all(0 < p < 60 for p in patience)  # half a measured step, in seconds
+    assert sum(h["pipeline/cut"] for h in history) > 0  # it ran out of that patience and cut
+    ledger_is_lossless(history)
+    assert tokens.staleness and max(tokens.staleness) <= 1
+
+
 def test_rollout_abort_stops_the_rejected_episodes_and_forgets_their_tools(format_policy, spec):
     from lrl.decoding import TrainerStyleDecoder
     from lrl.envs.latency import parse_latency
@@ -365,3 +387,19 @@ def test_a_take_chooses_among_every_group_already_finished(format_policy, spec, 
     assert waiting.messages == []  # every waiting message was read before the take
     assert batch["pipeline"]["pipeline/queue_depth_at_take"] == 8.0  # four groups of two were there to choose from
     assert batch["pipeline"]["pipeline/queue_depth"] == 4.0  # two groups are left for the next batch
+
+
+def test_a_patience_in_trainer_steps_is_that_many_median_steps_and_excludes_one_in_seconds():
+    from lrl.config import ConfigError
+    from lrl.pipeline.source import patience_seconds
+
+    assert patience_seconds(1.5, []) == math.inf  # nothing measured: wait for the earlier group
+    assert patience_seconds(1.5, [0.3]) == pytest.approx(0.45)
+    assert patience_seconds(2.0, [0.5, 0.2, 9.0]) == pytest.approx(1.0)  # the median: one slow step moves it not
+    assert async_cfg(max_staleness=1, stale_policy="ordered", take_patience_steps=1.0).take_patience_steps == 1.0
+    with pytest.raises(ConfigError, match="give one"):
+        async_cfg(max_staleness=1, stale_policy="ordered", take_patience=0.5, take_patience_steps=1.0)
+    with pytest.raises(ConfigError, match="take_patience_steps"):
+        async_cfg(max_staleness=1, stale_policy="ordered", take_patience_steps=-1.0)
+    with pytest.raises(ConfigError, match="take_patience_steps"):
+        async_cfg(max_staleness=1, stale_policy="drop", take_patience_steps=1.0)

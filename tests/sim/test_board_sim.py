@@ -186,6 +186,11 @@ def test_ordered_waits_for_an_earlier_group_up_to_its_patience():
     assert patient["dropped"] == 0 and patient["staleness_max"] == 1
     drop = simulate_board(durations, 8, 2, 2, 0.5, 0.0, 1, True, 6, policy="drop")
     assert drop["step_ends"][0] == pytest.approx(0.7)  # drop never waits
+    # a patience of two trainer steps is 1.0 s here: the same run
+    steps = simulate_board(durations, 8, 2, 2, 0.5, 0.0, 1, True, 6, policy="ordered", patience_steps=2.0)
+    assert steps["step_ends"] == pytest.approx(patient["step_ends"]) and steps["cut"] == 1
+    with pytest.raises(ValueError, match="patience_steps"):
+        simulate_board(durations, 8, 2, 2, 0.5, 0.0, 1, True, 6, policy="ordered", patience_steps=-1.0)
 
 
 def test_the_planner_plans_ordered_once_per_patience():
@@ -197,9 +202,13 @@ def test_the_planner_plans_ordered_once_per_patience():
     trace = TurnTrace(
         "t", episodes, {"train_s": 0.3, "group": 4, "batch": 16}, EngineCurve.linear(0.002, 1e-4)
     )
-    rows = plan_turns(trace, [16], [1], 8, policies=["drop", "ordered"], patience=[None, 0.5])
+    rows = plan_turns(
+        trace, [16], [1], 8, policies=["drop", "ordered"], patience=[None, 0.6], patience_steps=[2]
+    )
     partial = {r["policy"]: r for r in rows if r["design"] == "async bound 1, partial"}
-    assert list(partial) == ["drop", "ordered", "ordered 0.5s"]
+    assert list(partial) == ["drop", "ordered", "ordered 0.6s", "ordered 2x"]
+    # two steps of a 0.3 s trainer are 0.6 s (the trainer's co-run slowdown is 1 here)
+    assert partial["ordered 2x"]["episodes_per_s"] == pytest.approx(partial["ordered 0.6s"]["episodes_per_s"])
     assert partial["ordered"]["dropped"] == 0 and partial["ordered"]["wasted_share"] == 0.0
     assert all(r["staleness_max"] <= 1 for r in partial.values())
 
@@ -218,6 +227,21 @@ def test_a_policy_label_carries_orders_patience(tmp_path):
     for name in ("hard-ordered-w2", "hard-ordered-w0.5", "hard-frozen-ordered-w1", "hard-ordered-wx"):
         (tmp_path / name).mkdir()
     assert policies.labels(tmp_path)[-3:] == ["ordered", "ordered@0.5", "ordered@2"]
+    # a patience in trainer steps: its own flag, folder, label and simulator argument
+    from lrl.experiments.designs import Steps, shown, sim_policy
+
+    name, wait = split_policy("ordered@1.5x")
+    assert name == "ordered" and isinstance(wait, Steps) and wait == 1.5
+    assert not isinstance(split_policy("ordered@1.5")[1], Steps)
+    flags = run_flags("async eta=1, partial", 0, True, policy="ordered@1.5x")
+    assert flags[-4:] == ["--stale-policy", "ordered", "--take-patience-steps", "1.5"]
+    assert run_folder(policy="ordered@1.5x") == "hard-ordered-w1.5x"
+    (tmp_path / "hard-ordered-w1.5x").mkdir()
+    assert policies.labels(tmp_path)[-4:] == ["ordered", "ordered@0.5", "ordered@2", "ordered@1.5x"]
+    assert shown("ordered@1.5x") == "ordered, 1.5 steps" and shown("ordered@1x") == "ordered, 1 step"
+    assert sim_policy("ordered@1.5x") == {"policy": "ordered", "patience_steps": 1.5}
+    with pytest.raises(SystemExit, match="trainer steps"):
+        split_policy("ordered@-1x")
     assert policies.labels(tmp_path, frozen=True)[-2:] == ["ordered", "ordered@1"]
     assert policies.shown("ordered@0.5") == "ordered, 0.5 s"
 
