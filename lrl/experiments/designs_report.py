@@ -17,10 +17,22 @@ COLUMNS = [
 ]
 
 
+def calibration_spread(row: dict) -> str:
+    """The lowest and highest episodes/s the calibration's runs predict, each alone (over every seed's calibration),
+    and whether the measured median lies between them; "-" without a calibration."""
+    alone = [v for x in row["per_repeat"] for v in x["predicted"].get("per_calibration_run", [])]
+    if not alone:
+        return "-"
+    lo, hi = min(alone), max(alone)
+    holds = lo <= row["measured_episodes_per_s"] <= hi
+    return f"{lo:.1f}-{hi:.1f}" + (" (holds it)" if holds else "")
+
+
 def markdown(rows: list[dict]) -> str:
     """One line per design: measured / predicted for each quantity, the TV distance, the ratio to sync."""
     sync = next((r["measured_episodes_per_s"] for r in rows if r["design"] == "synchronous"), None)
-    head = ["design", *[c[0] + " (meas. / pred.)" for c in COLUMNS], "TV", "x sync", "error", "dropped"]
+    head = ["design", *[c[0] + " (meas. / pred.)" for c in COLUMNS], "TV", "x sync", "error"]
+    head += ["pred. per calibration run", "dropped"]
     head += ["in-run duration model error", "policy", "wasted tokens (meas. / pred.)", "aborted"]
     head.append("held-out pass at the end (mean ± SE)")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -32,6 +44,7 @@ def markdown(rows: list[dict]) -> str:
         cells.append(f"{r['measured_episodes_per_s'] / sync:.2f}" if sync else "")
         error = r["predicted_episodes_per_s"] / r["measured_episodes_per_s"] - 1
         cells.append(f"{100 * error:+.1f}%")
+        cells.append(calibration_spread(r))
         cells.append(f"{r['measured_dropped']} / {r['predicted_dropped']}")
         cells.append(f"{100 * (r['inrun_episodes_per_s'] / r['measured_episodes_per_s'] - 1):+.1f}%")
         cells.append(shown(r.get("stale_policy", "drop")))
@@ -45,7 +58,9 @@ def markdown(rows: list[dict]) -> str:
     launched = [r["measured_launched_duration"] for r in rows]
     out.append("")
     out.append(
-        f"Median of {rows[0]['repeats']} repeats per design; predicted from {rows[0]['predicted_from']}; "
+        f"Median of {rows[0]['repeats']} repeats per design; predicted from {rows[0]['predicted_from']} (with a "
+        "calibration: the mean over its runs, beside the lowest and highest each predicts alone, and whether the "
+        "measured median lies between); "
         "staleness max is the largest over repeats. "
         f"Mean duration of every episode that finished (launched): {min(launched):.2f}-{max(launched):.2f} s."
     )

@@ -29,6 +29,7 @@ from lrl.experiments.designs import (
     summarise,
     waste_sources,
 )
+from lrl.experiments.designs_report import calibration_spread
 from lrl.experiments.stats import median
 
 ROOT = Path("results/designs")
@@ -118,17 +119,6 @@ def compare(
     if not rows:
         raise SystemExit(f"no runs of {design!r} under {root}: run --designs chapter --stale-policy P first")
     return rows
-
-
-def calibration_spread(row: dict) -> str:
-    """The lowest and highest episodes/s the calibration's runs predict, each alone (over every seed's calibration),
-    and whether the measured median lies between them; "-" without a calibration."""
-    alone = [v for x in row["per_repeat"] for v in x["predicted"].get("per_calibration_run", [])]
-    if not alone:
-        return "-"
-    lo, hi = min(alone), max(alone)
-    holds = lo <= row["measured_episodes_per_s"] <= hi
-    return f"{lo:.1f}-{hi:.1f}" + (" (holds it)" if holds else "")
 
 
 def table(rows: list[dict]) -> str:

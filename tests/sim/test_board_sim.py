@@ -398,7 +398,7 @@ def test_a_pool_calibration_replaces_each_recorded_tool_wait_by_a_service_time()
 
 
 def test_the_policy_table_gives_the_spread_of_the_calibration_runs_predictions():
-    from lrl.experiments.policies import calibration_spread
+    from lrl.experiments.designs_report import calibration_spread
 
     def row(measured: float, *alone: list[float]) -> dict:
         return {
