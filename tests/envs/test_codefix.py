@@ -376,7 +376,7 @@ def test_a_short_learning_run_learns_to_test(tmp_path):
 
 
 def test_a_short_run_counts_every_sandbox_run_and_logs_the_tool_times(tmp_path):
-    steps = short_run(tmp_path, "--max-steps", "2", "--tasks-per-step", "2", "--episodes-per-task", "4")
+    steps = short_run(tmp_path, "--max-steps", "2", "--tasks-per-step", "2", "--episodes-per-task", "2")
     assert len(steps) == 2
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
