@@ -111,7 +111,7 @@ def load_rows(
     steps: int,
     eta: int,
     seed: int,
-    window_steps: float = 1.0,
+    window_steps: float | None = None,
     group: int = 8,
 ) -> None:
     """The board simulator's load model at each slot count, event by event (lrl.sim.load) and in windows
@@ -126,7 +126,11 @@ def load_rows(
     curve = EngineCurve.linear(0.02, 5e-5)
     print(
         f"\nload model: {steps} steps, batch = slots in groups of {group}, eta {eta}, partial, throttle alone; "
-        f"windows of {window_steps:g} engine step(s)"
+        + (
+            f"windows of {window_steps:g} engine step(s)"
+            if window_steps
+            else "windows of the model's own size"
+        )
     )
     print(" | ".join(f"{c:>12}" for c in ("slots", "model", "episodes", "s", "episodes/s", "us/episode")))
     got: dict[tuple[int, str], dict] = {}
@@ -198,7 +202,10 @@ def main() -> int:
         help="slots of the windowed load model's rows (lrl.sim.windowed; 1,048,576 takes about 50 s)",
     )
     p.add_argument(
-        "--window-steps", type=float, default=1.0, help="the windowed model's window, in engine steps"
+        "--window-steps",
+        type=float,
+        default=1.0,
+        help="the windowed model's window, in engine steps (the model's own default is 1 for actions of 40 tokens)",
     )
     args = p.parse_args()
     torch.set_num_threads(args.threads)

@@ -39,6 +39,9 @@ import numpy as np
 from lrl.sim.load import EngineCurve, parse_turns
 
 INF = math.inf
+WINDOW_SHARE = (
+    0.025  # of the sequences decoding, about this share end their action within a window (by default)
+)
 
 
 class _Chunks:
@@ -126,20 +129,27 @@ def simulate_windowed(
     drop: bool = True,
     sync_before: bool = False,
     co_run: float = 1.0,
-    window_steps: float = 1.0,
+    window_steps: float | None = None,
 ) -> dict:
     """Simulate `steps` training steps of lrl's pipeline under the load model, in windows -> dict.
 
     The arguments and keys are :func:`lrl.sim.board.simulate_board`'s (its load model, ``policy="drop"``,
     ``wait_slice=0``, ``release="group"``); ``window_steps`` is a window's length in engine steps of the fastest
-    engine decoding at its start (smaller: closer to the event model, slower)."""
+    engine decoding at its start (smaller: closer to the event model, slower). None: sized so that about
+    WINDOW_SHARE of the sequences decoding end their action within one, ``WINDOW_SHARE x`` the mean action's
+    tokens, at most one step (and at least 0.02): the rate a window holds fixed then changes by about that share
+    within it, whether actions are 3 tokens or 300."""
+    episodes = parse_turns(turns)
+    if window_steps is None:
+        decoded = [tok for ep in episodes for tok, _ in ep if tok > 0]
+        mean = sum(decoded) / len(decoded) if decoded else 1.0
+        window_steps = min(1.0, max(0.02, WINDOW_SHARE * mean))
     if not (window_steps > 0 and math.isfinite(window_steps)):
         raise ValueError("window_steps: a number of engine steps > 0")
     if co_run < 1.0 or not math.isfinite(co_run):
         raise ValueError("co_run: a slowdown >= 1")
     if n_slots < 1 or group_size < 1 or groups_per_batch < 1 or workers < 1:
         raise ValueError("slots, group size, groups per batch and workers must be >= 1")
-    episodes = parse_turns(turns)
     n_turns = np.array([len(ep) for ep in episodes], dtype=np.int64)
     first_turn = np.concatenate([[0], np.cumsum(n_turns)[:-1]])
     turn_tokens = np.array([tok for ep in episodes for tok, _ in ep], dtype=np.float64)
@@ -307,7 +317,9 @@ def simulate_windowed(
                 st["trained_seconds"] += float(dur.sum() if keep is None else dur[keep].sum())
                 ages = version - start_v
                 ep_hist = _add_counts(ep_hist, np.bincount(ages if keep is None else ages[keep]))
-                for c in range(amounts.shape[1]):  # tokens of the version `c` after the one the episode started on
+                for c in range(
+                    amounts.shape[1]
+                ):  # tokens of the version `c` after the one the episode started on
                     w = amounts[:, c]
                     on = np.flatnonzero(w if keep is None else w * keep)
                     if on.size:

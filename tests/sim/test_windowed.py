@@ -86,7 +86,9 @@ def test_windows_agree_with_the_event_model(config):
     assert w["staleness_mean"] == pytest.approx(e["staleness_mean"], abs=0.02)
     assert abs(w["staleness_max"] - e["staleness_max"]) <= 1
     assert w["decoded_tokens"] == pytest.approx(e["decoded_tokens"], rel=0.02)
-    assert w["wasted_tokens"] == pytest.approx(e["wasted_tokens"], rel=0.05, abs=50)
+    # what is dropped goes by whole groups at the bound's edge: one group's episodes more or less moves it in steps
+    assert w["dropped"] == pytest.approx(e["dropped"], rel=0.1, abs=4)
+    assert w["wasted_tokens"] == pytest.approx(e["wasted_tokens"], rel=0.1, abs=50)
     if drop:
         assert e["dropped"] == 0 or w["dropped"] > 0
 
@@ -99,3 +101,22 @@ def test_bad_arguments_are_refused():
         simulate_windowed(1, 1, 1, 1.0, 0.0, turns=turns, engine=EngineCurve.linear(1.0, 0.0), co_run=0.5)
     with pytest.raises(ValueError, match="turns"):
         simulate_windowed(1, 1, 1, 1.0, 0.0, turns=[], engine=EngineCurve.linear(1.0, 0.0))
+
+
+def test_short_actions_get_shorter_windows():
+    # actions of 1-5 tokens: in one engine step a fifth of the sequences decoding end theirs, so a window of a whole
+    # step holds a rate far from the real one (+0.29% here, +3.7% at 16,384 slots on a learning trace); the
+    # default window holds about 2.5% of them
+    rng = random.Random(5)
+    turns = [
+        [(rng.randint(1, 5), rng.lognormvariate(-1.0, 0.8)) for _ in range(rng.randint(1, 3))]
+        for _ in range(3000)
+    ]
+    curve = EngineCurve.of([[1, 0.005], [64, 0.01], [512, 0.05]])
+    args = (4096, 8, 512, 0.3, 0.05, 0, True, 3)
+    w, e = both(*args, sync_before=True, turns=turns, engine=curve)
+    assert w["episodes_per_s"] == pytest.approx(e["episodes_per_s"], rel=0.002)
+    whole = simulate_windowed(*args, sync_before=True, turns=turns, engine=curve, window_steps=1.0)
+    assert abs(whole["episodes_per_s"] / e["episodes_per_s"] - 1) > abs(
+        w["episodes_per_s"] / e["episodes_per_s"] - 1
+    )
