@@ -50,6 +50,7 @@ from lrl.experiments.workload import (
     switch_seconds,
     trainer_seconds,
 )
+from lrl.sim.board import Steps  # a patience in trainer steps
 
 CODEFIX_STEPS = 12  # codefix steps cost seconds of real test runs; its policy has learned by about step 5
 CODEFIX_FLAGS = [  # the same shape on real tools: no drawn latency, every test and submit a sandboxed run
@@ -244,10 +245,6 @@ def window_rate(sim: dict) -> float:
     """A simulation's trained episodes per second, taken as a run's are: after step SKIP, to the last step."""
     ends = sim["step_ends"]
     return sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
-
-
-class Steps(float):
-    """A patience in trainer steps (lrl's --take-patience-steps), where a plain float is one in seconds."""
 
 
 def split_policy(label: str) -> tuple[str, float | None]:

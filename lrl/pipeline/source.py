@@ -67,7 +67,8 @@ class AsyncSource:
         self._timeline: list = []  # the workers' occupancy samples up to the last step
         self._carry = self._fresh_carry()  # what groups dropped whole were, until the next batch's ledger
         self.last_time = time.time()
-        self.trainer_seconds: deque[float] = deque(maxlen=16)  # from each batch handed out to the next request
+        # the trainer's last steps, each from a batch handed out to the next request
+        self.trainer_seconds: deque[float] = deque(maxlen=16)
         self._handed_at: float | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -169,7 +170,7 @@ class AsyncSource:
         start = time.perf_counter()
         if self._handed_at is not None:  # the trainer's step since the last batch: update, sync, logging
             self.trainer_seconds.append(start - self._handed_at)
-        steps = getattr(self.schedule, "patience_steps", None)
+        steps = self.schedule.patience_steps
         if steps is not None:  # ordered's patience in trainer steps: seconds from the steps measured so far
             self.schedule.patience = patience_seconds(steps, self.trainer_seconds)
         while True:
@@ -196,10 +197,12 @@ class AsyncSource:
             ]
         batch["pipeline"] = info.pop("metrics")
         batch["pipeline"]["pipeline/queue_depth_at_take"] = float(at_take)
-        if hasattr(self.schedule, "cut_wait"):  # ordered, out of patience: how long the workers took to answer
+        if hasattr(self.schedule, "cut_wait"):
+            # ordered, out of patience: how long the workers took to answer
             batch["pipeline"]["pipeline/cut_wait"] = self.schedule.cut_wait
             self.schedule.cut_wait = 0.0
-        if steps is not None and math.isfinite(self.schedule.patience):  # the patience this take had, in seconds
+        if steps is not None and math.isfinite(self.schedule.patience):
+            # the patience this take had, in seconds
             batch["pipeline"]["pipeline/take_patience"] = self.schedule.patience
         batch["ledger"] = info
         batch["index"] = torch.tensor(self.produced)

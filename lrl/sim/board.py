@@ -57,6 +57,10 @@ POLICIES = ("drop", "mask", "oldest-first", "abort", "cut", "ordered", "pace")  
 WAIT_SLICE = 0.1  # lrl.envs.workers.WAIT_SLICE: a rollout worker's longest blocking wait for tool answers
 
 
+class Steps(float):
+    """A patience in trainer steps (lrl's --take-patience-steps), where a plain float is one in seconds."""
+
+
 @dataclass
 class _Episode:
     index: int

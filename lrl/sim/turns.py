@@ -144,11 +144,12 @@ def plan_turns(
     `given` (train_s, sync_s, batch, group, co_run) overrides the trace; `engine` (an EngineCurve) too.
     `policies`: the async designs under the hard bound, once with each staleness policy (lrl's
     ``--stale-policy``), instead of with the throttle alone; ``ordered`` once with each of `patience` (seconds)
-    and of `patience_steps` (trainer steps; neither: it waits for every earlier group). `model`: ``event`` (lrl.sim.board, event by event), ``windowed``
-    (lrl.sim.windowed: numpy windows, for large slot counts; the throttle alone and ``drop``, tools at once) or
-    ``auto`` (windowed from WINDOWED_FROM slots a worker where it applies, else event). `progress(done, total,
+    and of `patience_steps` (trainer steps; neither: it waits for every earlier group). `model`: ``event``
+    (lrl.sim.board, event by event), ``windowed`` (lrl.sim.windowed: numpy windows, for large slot counts; the
+    throttle alone and ``drop``, tools at once) or ``auto`` (windowed from WINDOWED_FROM slots a worker where it
+    applies, else event). `progress(done, total,
     row)`, if given, is called after each row."""
-    from lrl.sim.board import POLICIES, simulate_board
+    from lrl.sim.board import POLICIES, Steps, simulate_board
     from lrl.sim.windowed import simulate_windowed
 
     if model not in MODELS:
@@ -174,9 +175,9 @@ def plan_turns(
     co = float(s.get("co_run", 1.0))
     servers = int(s["tool_servers"]) if s.get("tool_servers") else None  # tools queue for a pool of servers
     designs = [("synchronous", 0, True, True, None, None)]
-    variants = []  # (policy, its patience: seconds, or ("steps", K) in trainer steps)
+    variants = []  # (policy, its patience: seconds, or a Steps in trainer steps)
     for policy in policies or [None]:
-        waits = [*(patience or []), *(("steps", k) for k in patience_steps or [])]
+        waits = [*(patience or []), *(Steps(k) for k in patience_steps or [])]
         waits = (waits or [None]) if policy == "ordered" else [None]
         variants += [(policy, w) for w in waits]
     for k in bounds:
@@ -211,8 +212,8 @@ def plan_turns(
                 r = simulate_board(
                     None, *common, drop=policy is not None, sync_before=sync, workers=workers,
                     turns=trace.episodes, engine=curve, co_run=1.0 if sync else co, policy=policy or "drop",
-                    tool_servers=servers, patience=math.inf if wait is None or isinstance(wait, tuple) else wait,
-                    patience_steps=wait[1] if isinstance(wait, tuple) else None,
+                    tool_servers=servers, patience=math.inf if wait is None or isinstance(wait, Steps) else wait,
+                    patience_steps=float(wait) if isinstance(wait, Steps) else None,
                 )  # fmt: skip
             rows.append(
                 {
@@ -221,10 +222,8 @@ def plan_turns(
                     "model": use,
                     "design": name,
                     "policy": policy
-                    if wait is None  # None: the throttle alone
-                    else f"{policy} {wait[1]:g}x"
-                    if isinstance(wait, tuple)
-                    else f"{policy} {wait:g}s",
+                    if wait is None
+                    else f"{policy} {wait:g}{'x' if isinstance(wait, Steps) else 's'}",
                     "wasted_share": r["wasted_tokens"] / r["decoded_tokens"] if r["decoded_tokens"] else 0.0,
                     "dropped": r["dropped"],
                     "aborted": r["aborted"],

@@ -39,9 +39,8 @@ import numpy as np
 from lrl.sim.load import EngineCurve, parse_turns
 
 INF = math.inf
-WINDOW_SHARE = (
-    0.025  # of the sequences decoding, about this share end their action within a window (by default)
-)
+# of the sequences decoding, about this share end their action within a window (by default)
+WINDOW_SHARE = 0.025
 
 
 class _Chunks:
@@ -87,7 +86,7 @@ _EMPTY_I = np.zeros(0, dtype=np.int64)
 
 class _Worker:
     __slots__ = ("version", "paused_until", "steps", "sec", "t0", "dec", "tool", "ndec", "ntool", "held",
-                 "queue", "free", "since")  # fmt: skip
+                 "queue", "free")  # fmt: skip
 
     def __init__(self, slots: int):
         self.version = 0
@@ -103,11 +102,11 @@ class _Worker:
         self.queue: deque = deque()  # [time issued, group ids (one per episode), next position]
         self.free = np.zeros(slots)  # times from which each free slot is free, ascending
 
-    def at(self, times) -> np.ndarray | float:
-        """Engine steps at `times` within the window."""
+    def at(self, times: np.ndarray) -> np.ndarray:
+        """Engine steps at `times` within the window (paused or not decoding: the steps at its start)."""
         if self.sec > 0:
-            return self.steps + (np.asarray(times) - self.t0) / self.sec
-        return self.steps + 0.0 * np.asarray(times)
+            return self.steps + (times - self.t0) / self.sec
+        return np.full(times.shape, self.steps)
 
     def running(self) -> int:
         return self.ndec + self.ntool
@@ -155,9 +154,7 @@ def simulate_windowed(
     turn_tokens = np.array([tok for ep in episodes for tok, _ in ep], dtype=np.float64)
     turn_tool = np.array([tool for ep in episodes for _, tool in ep], dtype=np.float64)
     n_pool = len(episodes)
-    is_last = np.zeros(
-        turn_tokens.size, dtype=bool
-    )  # of each turn of the workload: whether its episode's last
+    is_last = np.zeros(turn_tokens.size, dtype=bool)  # of each turn of the workload: its episode's last?
     is_last[first_turn + n_turns - 1] = True
 
     G, E = groups_per_batch, group_size
@@ -193,8 +190,8 @@ def simulate_windowed(
     g_worker = np.zeros(ring, dtype=np.int64)
 
     st = {
-        "t": 0.0, "version": 0, "issued": 0, "started": 0, "training_until": None, "trained": 0,
-        "dropped": 0, "trained_seconds": 0.0, "busy": 0.0, "launched": 0.0, "n_launched": 0,
+        "version": 0, "issued": 0, "started": 0, "training_until": None, "trained": 0, "dropped": 0,
+        "trained_seconds": 0.0, "launched": 0.0, "n_launched": 0,
     }  # fmt: skip
     tokens = {"decoded": 0.0, "wasted": 0.0, "masked": 0.0}
     finished: deque[int] = deque()  # finished groups, in the order they finished
@@ -233,7 +230,6 @@ def simulate_windowed(
 
     def flush(r: np.ndarray) -> None:
         """Rows `r` (distinct) put the tokens of their current version in its column of `tok`."""
-        nonlocal tok, span
         amount = R["cur_tok"][r]
         on = amount > 0
         r, amount = r[on], amount[on]
@@ -256,7 +252,7 @@ def simulate_windowed(
             if moved.any():  # a switch came while it waited for a tool: its next action has the new weights
                 flush(r[moved])
                 R["cur_v"][r] = wk.version
-            began = wk.at(at) if wk.sec > 0 else np.full(r.size, wk.steps)
+            began = wk.at(at)
             R["cur_tok"][r] += n
             wk.dec.push(began + n, r)
             wk.ndec += r.size
@@ -317,9 +313,7 @@ def simulate_windowed(
                 st["trained_seconds"] += float(dur.sum() if keep is None else dur[keep].sum())
                 ages = version - start_v
                 ep_hist = _add_counts(ep_hist, np.bincount(ages if keep is None else ages[keep]))
-                for c in range(
-                    amounts.shape[1]
-                ):  # tokens of the version `c` after the one the episode started on
+                for c in range(amounts.shape[1]):  # tokens of the version `c` after the one started on
                     w = amounts[:, c]
                     on = np.flatnonzero(w if keep is None else w * keep)
                     if on.size:
@@ -495,7 +489,7 @@ def simulate_windowed(
                 if r.size:
                     changed = True
                     wk.ndec -= r.size
-                    when = t + (target - wk.steps) * wk.sec if wk.sec > 0 else np.full(r.size, t)
+                    when = t + (target - wk.steps) * wk.sec  # (paused or not decoding: sec 0, at t)
                     to_tool(wk, r, when + turn_tool[R["turn"][r]])
                 answer, r = wk.tool.pop(t1)
                 if r.size:
@@ -513,9 +507,7 @@ def simulate_windowed(
                         begin(wk, r[~over], answer[~over])
             if ends_r:
                 r, at = np.concatenate(ends_r), np.concatenate(ends_t)
-                lived = float(R["dur"][r].sum())
-                st["busy"] += lived
-                st["launched"] += lived
+                st["launched"] += float(R["dur"][r].sum())
                 st["n_launched"] += r.size
                 finish_groups(r, at)
                 changed = True
@@ -554,9 +546,10 @@ def simulate_windowed(
         t = t1
         boundary(t)
 
-    for wk in pool:  # episodes still in flight count their time in a slot
+    busy = st["launched"]  # slot-seconds: the episodes that ended, and those still in flight until now
+    for wk in pool:
         for _, _, _, r in (*wk.dec.heap, *wk.tool.heap):
-            st["busy"] += float((t - R["start"][r]).sum())
+            busy += float((t - R["start"][r]).sum())
     capacity_time = workers * n_slots * t
     n_hist = float(hist.sum())
     trained = st["trained"]
@@ -565,7 +558,7 @@ def simulate_windowed(
         "step_ends": step_ends,
         "step_trained": step_trained,
         "episodes_per_s": trained / t if t else math.nan,
-        "slot_util": st["busy"] / capacity_time if capacity_time else math.nan,
+        "slot_util": busy / capacity_time if capacity_time else math.nan,
         "staleness_mean": float((np.arange(hist.size) * hist).sum() / n_hist) if n_hist else math.nan,
         "staleness_max": int(ep_hist.size - 1),
         "staleness_hist": [float(c / n_hist) for c in hist] if n_hist else [],
