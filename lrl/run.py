@@ -97,7 +97,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     check_paths(cfg)
     spec = make_env(cfg, run_tokenizer(cfg))
     check_tokenizer(cfg, spec)
-    check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"])
+    memory = check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"])
     loaded = policy if policy is not None else load_model(cfg, spec.tok)
     if loaded is None:
         loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=cfg.seed)
@@ -124,7 +124,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
         clean_run_temporaries(cfg)
     source = make_source(cfg, spec, loaded)  # synchronous sampling, or rollout workers with their sampler
     datamodule = RolloutDataModule(source, cfg)
-    module = OffPolicyModule(cfg, loaded, source, spec)
+    module = OffPolicyModule(cfg, loaded, source, spec, memory)
     module.run_dir = str(folder.path) if folder is not None else None
     if logger is True:
         from lightning.pytorch.loggers import TensorBoardLogger
@@ -217,12 +217,23 @@ def fit(run: Run) -> dict:
     }
 
 
-def startup_notes(cfg: Config) -> list[str]:
+def startup_notes(cfg: Config, run: Run | None = None) -> list[str]:
     """What a user should know at the start of a run that the options alone do not say."""
     from lrl.envs.latency import parse_latency
     from lrl.envs.workers import DEFAULT_TOOL_TIMEOUT
+    from lrl.precision import LARGE_MODEL, describe, parameters, resolve_decode
+    from lrl.registry import SAMPLERS
 
     notes = []
+    if run is not None and (cfg.model is not None or parameters(run.policy) > LARGE_MODEL):
+        size = parameters(run.policy)
+        notes.append(f"model: {cfg.model or 'the environment policy'} ({size / 1e6:.1f}M parameters)")
+        auto = " (auto)" if cfg.precision == "auto" else ""
+        notes.append(describe(run.module.precision, run.module.device) + auto)
+        if cfg.sampler in SAMPLERS.users("decode"):
+            notes.append(f"sampler decode: {resolve_decode(cfg.decode, run.policy)}")
+        if run.module.memory is not None and run.module.memory.chunked:
+            notes.append(run.module.memory.describe())
     if cfg.tool_timeout is None and not parse_latency(cfg.tool_latency).off:
         notes.append(
             f"tool calls run on threads without --tool-timeout: each is bounded at {DEFAULT_TOOL_TIMEOUT:g} s "

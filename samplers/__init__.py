@@ -30,22 +30,22 @@ def sampling(cfg) -> Sampling:
     return Sampling(cfg.temperature, cfg.top_p, cfg.top_k)
 
 
-@register("onpolicy")
+@register("onpolicy", uses=("decode",))
 def _onpolicy(cfg, tok):
     """the trainer's own weights and module (staleness 0)"""
-    return OnPolicySampler(tok, sampling(cfg))
+    return OnPolicySampler(tok, sampling(cfg), cfg.decode, cfg.precision)
 
 
-@register("lagged", uses=("lag",))
+@register("lagged", uses=("lag", "decode"))
 def _lagged(cfg, tok):
     """the weights `lag` updates old"""
-    return BehaviorSampler(tok, cfg.lag, None, sampling(cfg))
+    return BehaviorSampler(tok, cfg.lag, None, sampling(cfg), cfg.decode, cfg.precision)
 
 
-@register("fp8", uses=("lag", "fp8_scale"))
+@register("fp8", uses=("lag", "fp8_scale", "decode"))
 def _fp8(cfg, tok):
     """weights rounded to float8 (e4m3) and back, optionally `lag` updates old"""
-    return BehaviorSampler(tok, cfg.lag, fp8_transform(cfg.fp8_scale), sampling(cfg))
+    return BehaviorSampler(tok, cfg.lag, fp8_transform(cfg.fp8_scale), sampling(cfg), cfg.decode, cfg.precision)
 
 
 def _engine_check(cfg) -> list[str]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from lrl.decoding import Sampling, TrainerStyleDecoder
+from lrl.precision import autocast, resolve_decode, resolve_precision
 from lrl.rollout import Episode, run_episodes
 
 Transform = Callable[[torch.nn.Module], None]
@@ -35,7 +36,13 @@ class BehaviorSampler:
     name = "custom"
 
     def __init__(
-        self, tok, lag: int = 0, transform: Transform | None = None, sampling: Sampling | None = None
+        self,
+        tok,
+        lag: int = 0,
+        transform: Transform | None = None,
+        sampling: Sampling | None = None,
+        decode: str = "trainer",
+        precision: str = "fp32",
     ):
         if lag < 0:
             raise ValueError(f"lag must be >= 0; got {lag}")
@@ -43,13 +50,21 @@ class BehaviorSampler:
         self.lag = lag
         self.transform = transform
         self.sampling = sampling or Sampling()
+        self.decode = decode  # 'trainer', 'kvcache' or 'auto' (resolved for the model at setup)
+        self.precision = precision  # the trainer's: 'fp32', 'bf16' or 'auto' (resolved at setup)
         self.versions: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
         self.behavior: torch.nn.Module | None = None
         self.policy: torch.nn.Module | None = None
 
+    def resolve(self, policy: torch.nn.Module) -> None:
+        """Fix the decode path and the arithmetic for this model (their 'auto' depends on its size)."""
+        self.decode = resolve_decode(self.decode, policy)
+        self.precision = resolve_precision(self.precision, policy)
+
     # -- weight sync ---------------------------------------------------------------------------------
     def setup(self, policy: torch.nn.Module, version: int = 0) -> None:
         """Attach to the trainer's policy at `version` (before the first step)."""
+        self.resolve(policy)
         self.policy = policy
         self.behavior = copy.deepcopy(policy).to("cpu").eval()
         self.versions.clear()
@@ -75,15 +90,16 @@ class BehaviorSampler:
 
     # -- sampling ------------------------------------------------------------------------------------
     def decoder(self):
-        """The decode path of the behavior model: trainer-style full forwards."""
-        return TrainerStyleDecoder(self.behavior, self.tok.pad_id)
+        """The decode path of the behavior model: trainer-style full forwards, or a KV cache."""
+        return decoder_for(self.behavior, self.tok.pad_id, self.decode)
 
     def sample(self, tasks: Sequence, generator: torch.Generator, spec, **engine) -> list[Episode]:
         """One episode per task in the environment `spec`, tagged with the behavior version and log-probs;
         ``engine`` holds the episode loop's options (``slots``, ``tools``: see ``lrl.rollout.run_episodes``)."""
-        return run_episodes(
-            self.decoder(), spec, tasks, generator, self.sampling, self.behavior_version, **engine
-        )
+        with autocast(self.precision if self.precision in ("fp32", "bf16") else "fp32"):
+            return run_episodes(
+                self.decoder(), spec, tasks, generator, self.sampling, self.behavior_version, **engine
+            )
 
     def close(self) -> None:
         """Let go of what the sampler holds outside this process's memory (an engine's); nothing here."""
@@ -103,11 +119,14 @@ class OnPolicySampler(BehaviorSampler):
 
     name = "onpolicy"
 
-    def __init__(self, tok, sampling: Sampling | None = None):
-        super().__init__(tok, 0, None, sampling)
+    def __init__(
+        self, tok, sampling: Sampling | None = None, decode: str = "trainer", precision: str = "fp32"
+    ):
+        super().__init__(tok, 0, None, sampling, decode, precision)
         self.version = 0
 
     def setup(self, policy, version: int = 0) -> None:
+        self.resolve(policy)
         self.policy = policy
         self.version = version
 
@@ -124,7 +143,7 @@ class OnPolicySampler(BehaviorSampler):
         return [self.version]
 
     def decoder(self):
-        return TrainerStyleDecoder(self.policy, self.tok.pad_id)
+        return decoder_for(self.policy, self.tok.pad_id, self.decode)
 
     def sample(self, tasks: Sequence, generator: torch.Generator, spec, **engine) -> list[Episode]:
         """Sample with the trainer's module in eval mode for the whole rollout, then restore its mode."""
@@ -140,3 +159,12 @@ class OnPolicySampler(BehaviorSampler):
 
     def load_state_dict(self, state: dict) -> None:
         self.version = state["version"]
+
+
+def decoder_for(model: torch.nn.Module, pad_id: int, decode: str):
+    """A decoder over `model`: 'trainer' (full forwards) or 'kvcache' (lrl.kvcache)."""
+    if decode == "kvcache":
+        from lrl.kvcache import KVCacheDecoder
+
+        return KVCacheDecoder(model, pad_id)
+    return TrainerStyleDecoder(model, pad_id)

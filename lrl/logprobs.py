@@ -1,0 +1,148 @@
+"""Log-probs of chosen tokens without the ``[B, T, V]`` logits of a whole batch.
+
+A real vocabulary makes the logits the largest tensor of a step: 128 episodes of 238 tokens over SmolLM2's
+49,152 words are 6 GB in fp32, three times that with their log-softmax and gradient. Only one number per
+position is needed (the chosen token's log-prob, and for the loss its entropy), so the model's body runs
+once and its LM head runs over chunks of positions:
+
+- without gradients, a chunk's logits live only while its log-softmax is read;
+- with gradients, each chunk's head, log-softmax and gather run under activation checkpointing: the backward
+  pass recomputes a chunk's logits from its hidden states instead of keeping them, so the peak holds one
+  chunk's logits, never the batch's;
+- ``positions`` limits the head to the positions that count (the action tokens): the others are 0.
+
+The split into body and head is checked on each model once (the head applied to the body's last hidden state
+must give the model's own logits; a model that scales or caps its logits on the way does not pass) and a model
+that does not split is scored through its full forward, as before.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_TOKENS = 512  # positions per head chunk: 512 x 49,152 fp32 logits are 96 MiB
+# batches whose full logits hold at most this many values are scored in one full forward, as they always were
+# (the built-in policies' vocabularies of a hundred words never reach it: their numbers do not change)
+FULL_LOGITS_LIMIT = 1 << 24  # 64 MiB of fp32 logits
+_SPLIT_ATTR = "_lrl_head_split"
+
+
+def _body(model):
+    """The model's decoder stack (without its LM head), or None where transformers names none."""
+    base = getattr(model, "base_model", None)
+    return base if isinstance(base, torch.nn.Module) and base is not model else None
+
+
+@torch.no_grad()
+def head_splits(model) -> bool:
+    """True when ``head(body(x).last_hidden_state)`` is the model's own logits (checked once per model)."""
+    known = getattr(model, _SPLIT_ATTR, None)
+    if known is not None:
+        return known
+    ok = False
+    body, head = (
+        _body(model),
+        model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None,
+    )
+    if body is not None and head is not None:
+        device = next(model.parameters()).device
+        vocab = head.weight.shape[0]
+        ids = torch.randint(0, vocab, (2, 6), generator=torch.Generator().manual_seed(0)).to(device)
+        mask = torch.ones_like(ids)
+        mask[1, :2] = 0  # left padding in one row: the split must agree there too
+        try:
+            full = model(input_ids=ids, attention_mask=mask).logits.float()
+            split = head(body(input_ids=ids, attention_mask=mask).last_hidden_state).float()
+            scale = full.abs().max().clamp(min=1.0)
+            ok = split.shape == full.shape and bool(((split - full).abs().max() / scale) < 1e-3)
+        except (TypeError, AttributeError, RuntimeError):
+            ok = False
+    try:
+        object.__setattr__(model, _SPLIT_ATTR, ok)
+    except AttributeError:  # pragma: no cover - a module that refuses attributes is checked every time
+        pass
+    return ok
+
+
+def _chunk_scores(head, hidden, targets, temperature: float, want_entropy: bool):
+    """One chunk: hidden [n, H], targets [n] -> (log-probs [n], entropies [n] or an empty tensor), in fp32."""
+    logits = head(hidden).float() / temperature  # [n, V]
+    lse = torch.logsumexp(logits, dim=-1)  # [n]
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not want_entropy:
+        return logp, logp.new_zeros(0)
+    probs = torch.softmax(logits, dim=-1)
+    entropy = lse - (probs * logits).sum(-1)
+    return logp, entropy
+
+
+def token_log_probs(
+    model,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    positions: torch.Tensor | None = None,
+    entropy: bool = False,
+    chunk: int = CHUNK_TOKENS,
+):
+    """Trainer-style log-prob of every next token: ids [B, T] -> log-probs [B, T-1] (and entropies [B, T-1]
+    when ``entropy``), fp32, differentiable when gradients are enabled.
+
+    ``positions`` ([B, T-1] bool): only these positions need to be scored; the others may be 0 (they are
+    when the head runs in chunks).
+    """
+    targets = ids[:, 1:]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    vocab = head.weight.shape[0] if head is not None else 0
+    if ids.numel() * vocab <= FULL_LOGITS_LIMIT or not head_splits(model):
+        logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]  # [B, T-1, V]
+        logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        if not entropy:
+            return logp
+        return logp, -(logp_all.exp() * logp_all).sum(-1)
+    hidden = _body(model)(input_ids=ids, attention_mask=attention_mask).last_hidden_state[
+        :, :-1
+    ]  # [B, T-1, H]
+    where = positions.bool() if positions is not None else torch.ones_like(targets, dtype=torch.bool)
+    flat_hidden, flat_targets = hidden[where], targets[where]  # [N, H], [N]
+    grad = torch.is_grad_enabled() and flat_hidden.requires_grad
+    logps, ents = [], []
+    for start in range(0, len(flat_targets), chunk):
+        h, t = flat_hidden[start : start + chunk], flat_targets[start : start + chunk]
+        if grad:
+            lp, en = checkpoint(_chunk_scores, head, h, t, temperature, entropy, use_reentrant=False)
+        else:
+            lp, en = _chunk_scores(head, h, t, temperature, entropy)
+        logps.append(lp)
+        ents.append(en)
+    out = hidden.new_zeros(targets.shape, dtype=torch.float32)
+    out = out.masked_scatter(where, torch.cat(logps)) if logps else out
+    if not entropy:
+        return out
+    ent = hidden.new_zeros(targets.shape, dtype=torch.float32)
+    ent = ent.masked_scatter(where, torch.cat(ents)) if ents else ent
+    return out, ent
+
+
+@torch.no_grad()
+def scored_in_rows(
+    model,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    positions: torch.Tensor | None = None,
+    max_tokens: int | None = None,
+) -> torch.Tensor:
+    """:func:`token_log_probs` without gradients, in forwards of at most `max_tokens` padded tokens (rows of
+    the batch taken in order; None: one forward) -> [B, T-1]."""
+    rows = len(ids) if not max_tokens else max(1, max_tokens // max(ids.shape[1], 1))
+    if rows >= len(ids):
+        return token_log_probs(model, ids, attention_mask, temperature, positions)
+    parts = []
+    for start in range(0, len(ids), rows):
+        sl = slice(start, start + rows)
+        pos = positions[sl] if positions is not None else None
+        parts.append(token_log_probs(model, ids[sl], attention_mask[sl], temperature, pos))
+    return torch.cat(parts)
