@@ -34,8 +34,17 @@ def check_tokenizer(cfg: Config, spec) -> None:
     """Every example action of the environment (``spec.actions``) survives encode then decode word for word.
 
     Environments read an action as the words of ``decode(ids)``, so a tokenizer that maps a word of an action
-    to an unknown token (or drops it) can never produce a well-formed action.
+    to an unknown token (or drops it) can never produce a well-formed action. A chat model's template must
+    render the conversation an episode is (lrl.tokenizers.HFTokenizer.check_conversation).
     """
+    from lrl.tokenizers import ChatTemplateError
+
+    check = getattr(spec.tok, "check_conversation", None)
+    if check is not None:
+        try:
+            check()
+        except ChatTemplateError as err:
+            raise ConfigError(f"{_tokenizer_option(cfg)}: {err}") from None
     for action in spec.actions:
         wrong = _round_trip(spec.tok, action)
         if wrong is not None:

@@ -33,7 +33,8 @@ class Entry:
     check: Callable | None = None
     help: str = ""
     defaults: tuple[tuple[str, object], ...] = ()  # config values this entry sets where the user set none
-    check_model: Callable | None = None  # (cfg, model) -> problems: a model the entry cannot run
+    check_model: Callable | None = None  # (cfg, spec, model) -> problems: a model the entry cannot run
+    instructions: str = ""  # environments: a chat model's system message, unless --system-prompt replaces it
 
 
 class Registry(Mapping):
@@ -60,12 +61,14 @@ class Registry(Mapping):
         help: str = "",
         defaults=None,
         check_model: Callable | None = None,
+        instructions: str = "",
     ):
         """Decorator: make `fn` available under `name`; a name registered twice is an error.
 
         ``uses``: the config keys the entry reads; ``check(cfg) -> list[str]``: its own rules, as problems;
         ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit);
-        ``check_model(cfg, model) -> list[str]``: models it cannot run (checked before the run starts).
+        ``check_model(cfg, spec, model) -> list[str]``: models it cannot run (checked before the run starts);
+        ``instructions``: an environment's instructions to a chat model, its system message.
         """
         if not isinstance(name, str) or not name.isidentifier():
             raise RegistryError(f"{self.kind} name {name!r} must be an identifier (letters, digits, _)")
@@ -76,7 +79,7 @@ class Registry(Mapping):
                 raise RegistryError(f"{self.kind} {name!r} is registered twice (first by {where})")
             doc = help or (fn.__doc__ or "").strip().split("\n")[0]
             defaults_ = tuple((defaults or {}).items())
-            self.entries[name] = Entry(name, fn, tuple(uses), check, doc, defaults_, check_model)
+            self.entries[name] = Entry(name, fn, tuple(uses), check, doc, defaults_, check_model, instructions)
             return fn
 
         return add

@@ -63,10 +63,35 @@ class WordTokenizer:
         return tok
 
 
-class HFTokenizer:
-    """A transformers fast tokenizer (``save_pretrained`` directory) behind the word tokenizer's interface."""
+class ChatTemplateError(ValueError):
+    """A chat template that cannot render the conversation an episode is (one line: what it refused)."""
 
-    def __init__(self, hf):
+
+# placeholder contents of the conversation from which the template's own framing of a turn is read
+_USER, _ACTION = "lrl-task", "lrl-action"
+
+
+class HFTokenizer:
+    """A transformers fast tokenizer (``save_pretrained`` directory) behind the word tokenizer's interface.
+
+    With a chat template, an episode is a conversation, and its tokens are the template's own rendering of it
+    (token in, token out):
+
+    - ``prompt(text)``: the system message (``system``: the task's instructions; None: the template's
+      default) and the task as the user's message, then the generation prompt;
+    - an action is what the model sampled, ending with the template's end of an assistant turn (``eos_id``:
+      the tokenizer's eos, or the special token the template closes assistant turns with where that differs);
+    - ``observation(text)``: what the template renders after that end-of-turn token for a message of role
+      ``observation_role`` holding `text`, the generation prompt included. It is read off the template (the
+      rendering of a conversation with the new message, less the rendering without it), never from a
+      conversation started afresh, so no system prompt or begin-of-text marker is repeated.
+
+    Differences from ``apply_chat_template`` of the whole conversation, by design: the sampled tokens of an
+    action are kept as sampled (a template that would tokenise the same text differently, or re-render an
+    earlier assistant turn, does not rewrite them), and nothing follows the last action's end-of-turn token.
+    """
+
+    def __init__(self, hf, system: str | None = None, observation_role: str = "user"):
         if hf.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token; an action needs one to end")
         self.hf = hf
@@ -74,6 +99,14 @@ class HFTokenizer:
         self.pad_id = hf.pad_token_id if hf.pad_token_id is not None else hf.eos_token_id
         self.bos_id = hf.bos_token_id
         self.chat = bool(getattr(hf, "chat_template", None))
+        self.system = system
+        self.observation_role = observation_role
+        if self.chat:
+            self.eos_id = self._turn_end()
+
+    def conversation(self, system: str | None, observation_role: str = "user") -> HFTokenizer:
+        """The same tokenizer framing episodes with this system message and observation role."""
+        return type(self)(self.hf, system, observation_role)
 
     def __len__(self) -> int:
         return len(self.hf)
@@ -84,25 +117,92 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special)
 
-    def _message(self, text: str) -> list[int]:
-        messages = [{"role": "user", "content": text}]
-        out = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(
-            out["input_ids"] if hasattr(out, "keys") else out
-        )  # a dict in transformers 5, a list before
+    # -- the chat template ----------------------------------------------------------------------------
+    def _render(self, messages: list[dict], generation: bool) -> str:
+        try:
+            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        except Exception as err:  # jinja raises its own types for what a template refuses
+            roles = ", ".join(m["role"] for m in messages)
+            raise ChatTemplateError(
+                f"its chat template cannot render a conversation of roles {roles} "
+                f"({type(err).__name__}: {' '.join(str(err).split())[:200]})"
+            ) from None
+
+    def _opening(self, text: str) -> list[dict]:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return [*system, {"role": "user", "content": text}]
+
+    def _after_action(self) -> tuple[str, str]:
+        """(the template's text right after an assistant turn's content, the rendering up to that point)."""
+        messages = [*self._opening(_USER), {"role": "assistant", "content": _ACTION}]
+        rendered = self._render(messages, False)
+        at = rendered.rfind(_ACTION)
+        if at < 0:
+            raise ChatTemplateError("its chat template does not render an assistant message's content")
+        return rendered[at + len(_ACTION) :], rendered[: at + len(_ACTION)]
+
+    def _turn_end(self) -> int:
+        """The token that ends an assistant turn in the template: the eos where the template closes turns with
+        it, else the special token it closes them with (ChatTemplateError when it closes them with neither)."""
+        after, _ = self._after_action()
+        eos = self.hf.convert_ids_to_tokens(self.hf.eos_token_id)
+        if after.startswith(eos):
+            return self.hf.eos_token_id
+        for token in sorted(
+            self.hf.all_special_tokens + list(self.hf.added_tokens_encoder), key=len, reverse=True
+        ):
+            if token and after.startswith(token):
+                return self.hf.convert_tokens_to_ids(token)
+        raise ChatTemplateError(
+            f"its chat template ends an assistant turn with {after[:20]!r}, neither the eos token {eos!r} nor another "
+            "special token, so a sampled action has no token to end on"
+        )
 
     def prompt(self, text: str) -> list[int]:
         if self.chat:
-            return self._message(text)
+            out = self.hf.apply_chat_template(self._opening(text), add_generation_prompt=True, tokenize=True)
+            return list(out["input_ids"] if hasattr(out, "keys") else out)  # a dict in transformers 5
         return ([self.bos_id] if self.bos_id is not None else []) + self.encode(text)
 
     def observation(self, text: str) -> list[int]:
         if not self.chat:
             return self.encode(text)
-        ids = self._message(text)
-        if self.bos_id is not None and ids[:1] == [self.bos_id]:
-            ids = ids[1:]  # a bos opens the conversation only once
-        return ids
+        after, upto = self._after_action()
+        end = self.hf.convert_ids_to_tokens(self.eos_id)
+        before = upto + end  # the conversation as the episode holds it, up to the action's last token
+        messages = [
+            *self._opening(_USER),
+            {"role": "assistant", "content": _ACTION},
+            {"role": self.observation_role, "content": text},
+        ]
+        rendered = self._render(messages, True)
+        if not rendered.startswith(before):
+            raise ChatTemplateError(
+                "its chat template renders the earlier turns differently once a new message follows them, so "
+                "an episode's tokens cannot grow turn by turn"
+            )
+        return self.encode(rendered[len(before) :])
+
+    def check_conversation(self) -> None:
+        """ChatTemplateError, before any episode runs, for a template that cannot render an episode: one that
+        drops the system message or the observation, or adds no generation prompt after an observation."""
+        if not self.chat:
+            return
+        if self.system and self.system not in self._render(self._opening(_USER), True):
+            raise ChatTemplateError("its chat template drops the system message")
+        marker = "lrl-observation"
+        if marker not in self.decode(self.observation(marker), skip_special=False):
+            raise ChatTemplateError(
+                f"its chat template drops a message of role {self.observation_role!r} (choose another "
+                "--observation-role)"
+            )
+        messages = [
+            *self._opening(_USER),
+            {"role": "assistant", "content": _ACTION},
+            {"role": self.observation_role, "content": marker},
+        ]
+        if self._render(messages, True) == self._render(messages, False):
+            raise ChatTemplateError("its chat template adds no generation prompt after an observation")
 
 
 def load_tokenizer(path: str | Path):

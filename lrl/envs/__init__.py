@@ -14,8 +14,14 @@ register_env = ENVS.register
 
 
 def make_env(cfg, tok=None) -> EnvSpec:
-    """The environment named by cfg.env, built for this run's tokenizer (None: its own)."""
-    return ENVS.get(cfg.env).factory(cfg, tok)
+    """The environment named by cfg.env, built for this run's tokenizer (None: its own). A chat model's
+    tokenizer frames every episode as a conversation: the system message (``system_prompt``, else the
+    environment's own instructions) and the observations in ``observation_role`` (lrl.tokenizers)."""
+    entry = ENVS.get(cfg.env)
+    if getattr(tok, "chat", False):
+        system = cfg.system_prompt if cfg.system_prompt is not None else entry.instructions or None
+        tok = tok.conversation(system, cfg.observation_role)
+    return entry.factory(cfg, tok)
 
 
 def run_tokenizer(cfg):

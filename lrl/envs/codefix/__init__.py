@@ -103,6 +103,10 @@ def _check(cfg) -> list[str]:
     return problems
 
 
+INSTRUCTIONS = (
+    "You choose the patch that fixes a function. Reply with exactly one action and nothing else: 'test K' runs "
+    "the tests on candidate K and says how many passed; 'submit K' submits candidate K and ends the episode."
+)
 CODEFIX_DEFAULTS = {
     "max_turns": 5,
     "tasks_per_step": 8,
@@ -119,6 +123,7 @@ CODEFIX_DEFAULTS = {
     uses=("max_turns", "env_workers", "env_retries", "sandbox", "codefix_tasks", "test_timeout"),
     check=_check,
     defaults=CODEFIX_DEFAULTS,
+    instructions=INSTRUCTIONS,
 )
 def codefix(cfg, tok=None) -> EnvSpec:
     """fix a bug: test candidate patches in real sandboxed test runs, submit one (reward: a real run passes)"""

@@ -58,6 +58,10 @@ def _check(cfg) -> list[str]:
     return []
 
 
+INSTRUCTIONS = (
+    "You review a program one page at a time. Judge every line of the page, in order: reply with each line's "
+    "number followed by ok or bad, on one line and nothing else, for example '1 ok 2 bad 3 ok'."
+)
 REVIEW_DEFAULTS = {
     "max_turns": 14,
     "sampler": "engine",
@@ -69,7 +73,7 @@ REVIEW_DEFAULTS = {
 }
 
 
-@ENVS.register("review", uses=("max_turns",), check=_check, defaults=REVIEW_DEFAULTS)
+@ENVS.register("review", uses=("max_turns",), check=_check, defaults=REVIEW_DEFAULTS, instructions=INSTRUCTIONS)
 def review(cfg, tok=None) -> EnvSpec:
     """judge every line of a 20-140 line file, a page per turn (long, varied episodes; reward 1 if all right)"""
     return review_spec(tok, cfg.max_turns)

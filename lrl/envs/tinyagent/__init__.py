@@ -29,7 +29,15 @@ def _check(cfg) -> list[str]:
     return []
 
 
-@ENVS.register("tinyagent", uses=("max_turns",), check=_check)
+# a chat model's system message (--system-prompt replaces it): what the actions are, in words
+INSTRUCTIONS = (
+    "You find the bug in a short program written in prefix notation. Reply with exactly one action and nothing "
+    "else: 'read' shows the program's numbered lines; 'answer K' says that line K holds the bug and ends the "
+    "episode."
+)
+
+
+@ENVS.register("tinyagent", uses=("max_turns",), check=_check, instructions=INSTRUCTIONS)
 def tinyagent(cfg, tok=None) -> EnvSpec:
     """the TinyAgent bug-fix gym: read the source, answer the buggy line (reward 1 or 0)"""
     return tinyagent_spec(tok, cfg.max_turns)
