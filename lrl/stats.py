@@ -55,6 +55,19 @@ def abs_diff_stats(d: torch.Tensor, mask: torch.Tensor | None = None) -> dict[st
     }
 
 
+def band_shares(
+    d: torch.Tensor, mask: torch.Tensor | None = None, cap: float = 2.0, low: float = 0.5, high: float = 5.0
+) -> dict[str, float]:
+    """Shares of the counted tokens whose ratio exp(d) is above the TIS cap, and outside the MIS band."""
+    flat = _masked(d, mask)
+    if flat.numel() == 0:
+        return {"over_cap": float("nan"), "outside_band": float("nan")}
+    return {
+        "over_cap": (flat > math.log(cap)).float().mean().item(),
+        "outside_band": ((flat < math.log(low)) | (flat > math.log(high))).float().mean().item(),
+    }
+
+
 def compare(logp_a: torch.Tensor, logp_b: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
     """abs_diff_stats of d = logp_a - logp_b: [B, T], [B, T] -> dict."""
     return abs_diff_stats(logp_a - logp_b, mask)

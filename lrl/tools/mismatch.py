@@ -2,9 +2,11 @@
 
     python -m lrl.mismatch                              # the TinyAgent RL base, 30 gym prompts, 32 new tokens
     python -m lrl.mismatch --model DIR --engine-batch --fp32-head --json out.json --plot figs/
+    python -m lrl.mismatch --model smollm2-135m --also engine-fp32 fp8 vllm   # a real chat model, every row
 
 For each of the 30 gym tasks the prompt is the task's prompt, a ``read`` action and the source it shows,
-i.e. the point where the agent must name the buggy line. The engine (``samplers.engine``: left-padded
+i.e. the point where the agent must name the buggy line; for a chat model, the same conversation rendered by
+its own chat template (the task's instructions as the system message). The engine (``samplers.engine``: left-padded
 batch, KV cache, one decode step per token, in ``--engine-dtype``) samples ``--new-tokens`` tokens per
 prompt and records their log-probs mu. The trainer then recomputes the same tokens' log-probs the way a
 trainer does (one full forward over right-padded prompt + continuation) in bf16 and in fp32, scoring
@@ -27,16 +29,22 @@ import torch
 
 from lrl.cli import OneLineParser
 from lrl.policy import continuation_log_probs, with_fp32_head
-from lrl.stats import compare, probability_bins, ratio_ranges
+from lrl.stats import band_shares, compare, probability_bins, ratio_ranges
 from lrl.tools.mismatch_report import plot, report
 
 SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def gym_prompts(tok, tasks) -> list[list[int]]:
-    """Per task: <bos> prompt, the action `read <eos>`, then the source it reveals -> token ids."""
-    read = [tok.id("read"), tok.eos_id]
-    return [[tok.bos_id] + tok.encode(t.prompt) + read + tok.encode(t.source) for t in tasks]
+    """Per task: the prompt, the action `read <eos>`, then the source it reveals -> token ids. A chat model's
+    tokenizer frames them as its template does (system message, user turn, assistant turn, observation turn,
+    generation prompt); the word tokenizer as <bos> and words."""
+    if getattr(tok, "chat", False):
+        from lrl.envs.tinyagent import INSTRUCTIONS
+
+        tok = tok.conversation(INSTRUCTIONS)
+    read = tok.encode("read") + [tok.eos_id]
+    return [tok.prompt(t.prompt) + read + tok.observation(t.source) for t in tasks]
 
 
 def ragged(prompts: list[list[int]], spread: int = 13) -> list[list[int]]:
@@ -74,7 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument(
-        "--model", help="local save_pretrained directory of a causal LM (default: the TinyAgent RL base)"
+        "--model",
+        help="local save_pretrained directory of a causal LM, or a named model (smollm2-135m) (default: the "
+        "TinyAgent RL base)",
+    )
+    p.add_argument(
+        "--also",
+        nargs="+",
+        default=[],
+        choices=ALSO,
+        help="more samplers, each sampling its own tokens, compared with the fp32 trainer: the KV-cache engine "
+        "in fp32 (engine-fp32), FP8-rounded weights on the fp32 KV-cache decode (fp8), a vLLM engine on "
+        "this machine in bf16 (vllm, where installed)",
     )
     p.add_argument(
         "--new-tokens",
@@ -120,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=None,
         help="also rescore the engine's tokens in these decode batch sizes (bare flag: 1 10 30)",
+    )
+    p.add_argument(
+        "--prompts",
+        type=_bounded(int, 1, 30, "an integer in [1, 30]"),
+        default=30,
+        help="how many of the 30 gym prompts to use",
     )
     p.add_argument(
         "--ragged",
@@ -188,21 +213,31 @@ def random_model(shape: str, seed: int = 0):
         return Qwen3ForCausalLM(Qwen3Config(**RANDOM_SHAPES[shape])).float().eval()
 
 
-def load_model(path: str | None, device: str, shape: str | None = None):
-    """The fp32 model and its gym tokenizer: a local directory, a random model of a shape, or the RL base."""
-    from lrl.envs.tinyagent import build_tokenizer, make_tasks
-    from lrl.policy import load_policy
+ALSO = ("engine-fp32", "fp8", "vllm")
 
-    tok = build_tokenizer(make_tasks("all"))
+
+def load_model(path: str | None, device: str, shape: str | None = None):
+    """The fp32 model and its tokenizer: a local directory or named model (with the tokenizer saved with it,
+    else the gym's), a random model of a shape, or the RL base (the gym's word tokenizer)."""
+    from lrl.envs.tinyagent import build_tokenizer, make_tasks
+    from lrl.policy import check_vocabulary, load_policy
+
+    gym = build_tokenizer(make_tasks("all"))
     if shape is not None:
-        return random_model(shape).to(device), tok
+        return random_model(shape).to(device), gym
     if path is None:
         from lrl.envs.tinyagent.base import make_rl_base
 
-        model = make_rl_base(tok, verbose=True)
+        model, tok = make_rl_base(gym, verbose=True), gym
     else:
-        model, model_tok = load_policy(path, tok)  # ModelLoadError (a ValueError) names the problem
-        tok = model_tok or tok
+        from lrl.models import is_named, resolve_model
+
+        if is_named(path):
+            path = str(resolve_model(path))  # ModelUnavailable (a ValueError) names the install command
+        model, tok = load_policy(path)  # ModelLoadError (a ValueError) names the problem
+        if tok is None:
+            tok = gym
+            check_vocabulary(model, tok)
     return model.to(device).float().eval(), tok
 
 
@@ -213,7 +248,7 @@ def measure(model, tok, args) -> dict:
     from samplers.engine import check_device_dtype, engine_dtype
 
     dtype = engine_dtype(args.engine_dtype)
-    prompts = gym_prompts(tok, make_tasks("all"))
+    prompts = gym_prompts(tok, make_tasks("all")[: args.prompts])
     if args.ragged:
         prompts = ragged(prompts)
     n_prompts = len(prompts)
@@ -274,6 +309,14 @@ def measure(model, tok, args) -> dict:
                 comparisons[f"engine batch {b} vs batch {sizes[-1]}"] = rescored[b] - rescored[sizes[-1]]
     if args.sampler == "vllm":
         real.close()
+    reference = scores[(torch.float32, batches[0])]
+    for name in args.also:  # each samples its own tokens; compared with the fp32 trainer on those tokens
+        start = time.perf_counter()
+        ids, logp = also_sample(name, model, prompts, tok, args)
+        timings[f"{name}_s"] = time.perf_counter() - start
+        trainer = continuation_log_probs(model, prompts, ids, tok.pad_id, batches[0], args.temperature)
+        comparisons[f"fp32 trainer batch {batches[0]} vs {ALSO_LABELS[name]}"] = trainer - logp
+    del reference
     headline = f"{SHORT[torch.bfloat16]} trainer batch {batches[0]} vs engine"
     return {
         "model": args.model or (f"random {args.random_model}" if args.random_model else "TinyAgent RL base"),
@@ -287,7 +330,9 @@ def measure(model, tok, args) -> dict:
         "prompts": n_prompts,
         "new_tokens": args.new_tokens,
         "tokens": int(engine_logp.numel()),
-        "comparisons": {name: compare(d, torch.zeros_like(d)) for name, d in comparisons.items()},
+        "comparisons": {
+            name: {**compare(d, torch.zeros_like(d)), **band_shares(d)} for name, d in comparisons.items()
+        },
         "headline": headline,
         "bins": probability_bins(engine_logp, comparisons[headline]),
         "bins_by_comparison": {name: probability_bins(engine_logp, d) for name, d in comparisons.items()},
@@ -297,6 +342,34 @@ def measure(model, tok, args) -> dict:
         "_diffs": comparisons,
         "_engine_logp": engine_logp,
     }
+
+
+ALSO_LABELS = {
+    "engine-fp32": "engine fp32",
+    "fp8": "fp8 weights (KV cache, fp32)",
+    "vllm": "vllm bf16",
+}
+
+
+def also_sample(name: str, model, prompts, tok, args) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens and their log-probs mu from one of the --also samplers -> ids, log-probs [B, n]."""
+    from lrl.kvcache import engine_generate
+    from samplers.fp8 import fp8_transform
+
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    kw = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    if name == "vllm":
+        scorer = VLLMScorer(
+            model, argparse.Namespace(**{**vars(args), "vllm_dtype": "bfloat16"}), max(map(len, prompts))
+        )
+        try:
+            return scorer.generate(prompts, batch=len(prompts))
+        finally:
+            scorer.close()
+    copy_ = copy.deepcopy(model)
+    if name == "fp8":
+        fp8_transform("none")(copy_)
+    return engine_generate(copy_, prompts, args.new_tokens, generator, tok.pad_id, **kw)
 
 
 def aligned_difference(a, b) -> tuple[torch.Tensor, float]:

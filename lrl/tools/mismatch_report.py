@@ -17,11 +17,12 @@ def report(res: dict) -> str:
     ]
     lines.append(
         f"{'comparison':<{width}}{'mean|d|':>10}{'median':>10}{'p99':>10}{'max':>10}{'max|seq sum|':>14}"
+        f"{'over cap':>10}{'out band':>10}"
     )
     for name, s in res["comparisons"].items():
         lines.append(
             f"{name:<{width}}{s['mean']:>10.2e}{s['median']:>10.2e}{s['p99']:>10.2e}{s['max']:>10.2e}"
-            f"{s['max_seq_sum']:>14.3f}"
+            f"{s['max_seq_sum']:>14.3f}{s.get('over_cap', float('nan')):>10.4f}{s.get('outside_band', float('nan')):>10.4f}"
         )
     lines.append("")
     lines.append(f"{res['headline']}, by the engine's probability of the sampled token:")
@@ -35,6 +36,7 @@ def report(res: dict) -> str:
         f"token ratios pi/mu: [{r['token_min']:.4f}, {r['token_max']:.4f}]   "
         f"sequence ratios: [{r['seq_min']:.4f}, {r['seq_max']:.4f}]"
     )
+    lines.append("over cap: share of tokens with pi/mu > 2 (TIS); out band: outside [0.5, 5] (MIS)")
     return "\n".join(lines)
 
 
