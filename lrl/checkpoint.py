@@ -148,7 +148,7 @@ class HistoryFile(L.Callback):
 
     The file is only ever appended to (a user's own file keeps its content), and what is appended starts on a
     line of its own: a last line without its newline (a kill in the middle of a write) stays a line apart, so
-    every later line still parses. Lines are strict JSON: a value that is not a finite number (NaN, inf) is
+    every later line still parses, and later runs know it for a cut record of their own (lrl.runs.cut_record). Lines are strict JSON: a value that is not a finite number (NaN, inf) is
     written as null. Every line names the run folder it belongs to (``run``); a resumed run appends the steps it
     replays after its checkpoint again, and :func:`read_history` keeps the last line of each step of the newest
     run.

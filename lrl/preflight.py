@@ -12,7 +12,7 @@ from __future__ import annotations
 from lrl.config import Config, ConfigError
 
 
-def _tokenizer_option(cfg: Config) -> str:
+def tokenizer_option(cfg: Config) -> str:
     """The option the run's tokenizer came from (the environment's own when neither gives one)."""
     if cfg.tokenizer is not None:
         return f"tokenizer: {cfg.tokenizer!r}"
@@ -34,22 +34,14 @@ def check_tokenizer(cfg: Config, spec) -> None:
     """Every example action of the environment (``spec.actions``) survives encode then decode word for word.
 
     Environments read an action as the words of ``decode(ids)``, so a tokenizer that maps a word of an action
-    to an unknown token (or drops it) can never produce a well-formed action. A chat model's template must
-    render the conversation an episode is (lrl.tokenizers.HFTokenizer.check_conversation).
+    to an unknown token (or drops it) can never produce a well-formed action. (A chat model's template is
+    checked where the environment is made: lrl.envs.make_env.)
     """
-    from lrl.tokenizers import ChatTemplateError
-
-    check = getattr(spec.tok, "check_conversation", None)
-    if check is not None:
-        try:
-            check()
-        except ChatTemplateError as err:
-            raise ConfigError(f"{_tokenizer_option(cfg)}: {err}") from None
     for action in spec.actions:
         wrong = _round_trip(spec.tok, action)
         if wrong is not None:
             raise ConfigError(
-                f"{_tokenizer_option(cfg)} cannot spell the {spec.name} action {action!r}: encoded and "
+                f"{tokenizer_option(cfg)} cannot spell the {spec.name} action {action!r}: encoded and "
                 f"decoded, it {wrong}; use a tokenizer whose vocabulary holds the action's words"
             )
 

@@ -142,11 +142,21 @@ def check_paths(cfg: Config) -> None:
         raise ConfigError("; ".join(problems))
 
 
+# how every history record starts (lrl.checkpoint.HistoryFile writes json.dumps of a dict whose first key is step)
+RECORD_START = b'{"step": '
+
+
+def cut_record(line: bytes) -> bool:
+    """A line that is the start of a history record cut short (a kill in the middle of a write, which a later run
+    terminated with its own newline): lrl's own, never a sign of a foreign file."""
+    return line.startswith(RECORD_START) or RECORD_START.startswith(line)
+
+
 def check_history(value: str | None) -> list[str]:
     """Problems of an existing history file: one that holds anything must be an lrl history (every line a JSON
-    object with a "step"), so that a user's own file is never appended to by mistake. Only the first
-    HISTORY_PREFIX bytes are read; a last line without its newline (a kill in the middle of a write, or the
-    end of the prefix) is not judged when complete lines come before it."""
+    object with a "step", or a record that a kill cut short), so that a user's own file is never appended to by
+    mistake. Only the first HISTORY_PREFIX bytes are read; a last line without its newline (a kill in the middle
+    of a write, or the end of the prefix) is not judged when complete lines come before it."""
     if value is None or _kind(Path(value)) != "file":
         return []
     try:
@@ -164,7 +174,7 @@ def check_history(value: str | None) -> list[str]:
             record = json.loads(line)
         except ValueError:  # not JSON, or not UTF-8
             record = None
-        if not (isinstance(record, dict) and "step" in record):
+        if not (isinstance(record, dict) and "step" in record) and not (record is None and cut_record(line)):
             return [
                 f"history_file: {value!r} is not an lrl history (line {number} is not a JSON object with a "
                 '"step" key); lrl appends to a history file and leaves any other file alone: give a new '

@@ -19,8 +19,16 @@ def make_env(cfg, tok=None) -> EnvSpec:
     environment's own instructions) and the observations in ``observation_role`` (lrl.tokenizers)."""
     entry = ENVS.get(cfg.env)
     if getattr(tok, "chat", False):
+        from lrl.errors import ConfigError
+        from lrl.preflight import tokenizer_option
+        from lrl.tokenizers import ChatTemplateError
+
         system = cfg.system_prompt if cfg.system_prompt is not None else entry.instructions or None
         tok = tok.conversation(system, cfg.observation_role)
+        try:  # before the environment frames anything with it
+            tok.check_conversation()
+        except ChatTemplateError as err:
+            raise ConfigError(f"{tokenizer_option(cfg)}: {err}") from None
     return entry.factory(cfg, tok)
 
 

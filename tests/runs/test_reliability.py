@@ -153,6 +153,64 @@ def test_appending_to_a_history_whose_last_line_has_no_newline_starts_a_fresh_li
     assert json.loads(lines[2])["step"] == 0
 
 
+def append_run(path, run: str, steps: int) -> list[dict]:
+    """One run's appends, through the checks and the writer train.py uses -> the records it wrote."""
+    from lrl.checkpoint import HistoryFile
+    from lrl.runs import check_history
+
+    assert check_history(str(path)) == [], path.read_bytes()[-200:]
+
+    class Module:
+        history: list = []
+
+    writer = HistoryFile(path, run)
+    trainer = type("T", (), {"is_global_zero": True})()
+    writer.on_fit_start(trainer, Module())
+    written = []
+    for step in range(steps):
+        Module.history = [{"step": step, "batch": step, "train/reward": 0.25 * step, "time/end": 1.5}]
+        writer.on_train_batch_end(trainer, Module(), None, None, step)
+        written.append({**Module.history[0], "run": run})
+    writer.teardown(trainer, Module(), "fit")
+    return written
+
+
+def test_a_history_cut_at_any_byte_of_its_last_line_serves_every_later_run(tmp_path):
+    """A kill in the middle of a write, at 20 offsets of the last line: three more runs are each accepted, and
+    every complete record of every run reads back (the cut one, never complete, is the only one missing)."""
+    from lrl.checkpoint import read_history
+
+    seed = tmp_path / "seed.jsonl"
+    before = append_run(seed, "a", 3) + append_run(seed, "b", 3)
+    data = seed.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1  # where the last record starts
+    length = len(data) - last - 1
+    offsets = sorted({0, 1, 2, 8, 9, length - 1, *range(3, length - 1, max(1, length // 14))})[:20]
+    assert len(offsets) >= 15
+    for cut in offsets:
+        path = tmp_path / f"cut{cut}.jsonl"
+        path.write_bytes(data[: last + cut])
+        after = [r for run in ("c", "d", "e") for r in append_run(path, run, 2)]
+        assert read_history(path, every_line=True) == before[:-1] + after, cut
+        assert [r["run"] for r in read_history(path)] == ["e", "e"]
+
+
+def test_a_real_run_cut_mid_record_then_three_more_runs(tmp_path, model_dir):
+    history = tmp_path / "h.jsonl"
+    runs = tmp_path / "runs"
+    assert train(*quick(model_dir, runs, "--history-file", str(history))).returncode == 0
+    text = history.read_bytes()
+    history.write_bytes(text[:-40])  # the last 40 bytes lost: a kill in the middle of the last record
+    complete = len(text[:-40].split(b"\n")) - 1
+    for _ in range(3):
+        out = train(*quick(model_dir, runs, "--history-file", str(history)))
+        assert out.returncode == 0, out.stderr[-2000:]
+    from lrl.checkpoint import read_history
+
+    records = read_history(history, every_line=True)
+    assert len(records) == complete + 3 * (len(text.split(b"\n")) - 1)
+
+
 def test_the_history_is_strict_json_without_nan_or_infinity(tmp_path):
     from lrl.checkpoint import HistoryFile
 
