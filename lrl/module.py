@@ -326,7 +326,8 @@ class OffPolicyModule(L.LightningModule):
         """Evaluate the current policy on the held-out tasks; keep and log it at the policy version it measures."""
         cfg = self.cfg
         seed = stream_seed(cfg.seed, EVALUATION)
-        stats = evaluate(self.policy, self.spec, None, cfg.eval_episodes, seed, cfg.temperature)
+        with autocast(self.precision, self.device):  # the arithmetic the policy is trained and sampled in
+            stats = evaluate(self.policy, self.spec, None, cfg.eval_episodes, seed, cfg.temperature)
         self.last_eval = {"step": self.version, **stats}
         self.evals.append(self.last_eval)
         keys = ("pass_rate", *self.spec.metrics, "invalid")

@@ -45,11 +45,12 @@ def native_bf16(device: torch.device | str = "cpu") -> bool:
     return bool(cpu_bf16_features())
 
 
-def resolve_precision(setting: str, model: torch.nn.Module, device: torch.device | str = "cpu") -> str:
-    """'fp32' or 'bf16' for a precision setting ('auto', 'fp32', 'bf16') and a model."""
+def resolve_precision(setting: str, model, device: torch.device | str = "cpu") -> str:
+    """'fp32' or 'bf16' for a precision setting ('auto', 'fp32', 'bf16') and a model (or its parameter count)."""
     if setting != "auto":
         return setting
-    return "bf16" if parameters(model) > LARGE_MODEL and native_bf16(device) else "fp32"
+    count = model if isinstance(model, int) else parameters(model)
+    return "bf16" if count > LARGE_MODEL and native_bf16(device) else "fp32"
 
 
 def resolve_decode(setting: str, model: torch.nn.Module) -> str:

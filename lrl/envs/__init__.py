@@ -53,7 +53,7 @@ def run_tokenizer(cfg):
         raise ConfigError(f"{'tokenizer' if cfg.tokenizer else 'model'}: {err}") from None
 
 
-from lrl.envs import codefix, review, tinyagent  # noqa: E402  (registers the built-in environments)
+from lrl.envs import calc, codefix, review, tinyagent  # noqa: E402  (registers the built-in environments)
 
 __all__ = [
     "Env",

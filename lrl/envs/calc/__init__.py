@@ -1,0 +1,70 @@
+"""calc: arithmetic word problems with a calculator tool, for a real chat model (``--env calc``).
+
+Each task is a short story over two two-digit numbers whose answer is one expression (``a * b``, ``a + b`` or
+``a - b``). The model may call the calculator (``calc 17 * 25`` returns ``calc: 17 * 25 = 425`` as the next
+turn) before it answers (``answer 425``). A 135M-parameter model gets most products wrong on its own and must
+learn both to build the expression from the story and to use the tool in the format it is told. The train and
+held-out problems never share a pair of numbers. Its defaults are a recipe for SmolLM2-135M-Instruct on two CPU
+cores (docs/real_model.md).
+"""
+
+from __future__ import annotations
+
+from lrl.envs.base import EnvSpec
+from lrl.envs.calc.env import CalcEnv, evaluate, parse
+from lrl.envs.calc.tasks import CalcTask, make_calc_tasks
+from lrl.registry import ENVS
+
+INSTRUCTIONS = (
+    "You solve word problems with a calculator. Reply with one line only: 'calc EXPRESSION' to compute, for "
+    "example 'calc 12 * 34', or 'answer NUMBER' to give the final answer, for example 'answer 408'."
+)
+ACTION_TOKENS = 24  # the longest reply of one turn, its end-of-turn token included
+CALC_DEFAULTS = {
+    "model": "smollm2-135m",
+    "max_turns": 3,
+    "tasks_per_step": 4,
+    "episodes_per_task": 8,
+    "minibatches": 1,
+    "lr": 1e-5,
+    "lr_schedule": "constant",
+    "max_steps": 40,
+    "eval_every": 10,
+    "eval_episodes": 1,
+}
+
+
+def _check(cfg) -> list[str]:
+    n = len(make_calc_tasks("train"))
+    if cfg.tasks_per_step > n:
+        return [f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of calc"]
+    return []
+
+
+@ENVS.register("calc", uses=("max_turns",), check=_check, defaults=CALC_DEFAULTS, instructions=INSTRUCTIONS)
+def calc(cfg, tok=None) -> EnvSpec:
+    """word problems with a calculator tool, for a chat model (default --model smollm2-135m)"""
+    if tok is None or not getattr(tok, "chat", False):
+        raise ValueError("the calc environment needs a chat model's tokenizer: give --model (e.g. smollm2-135m)")
+    return calc_spec(tok, cfg.max_turns)
+
+
+def calc_spec(tok, max_turns: int = 3) -> EnvSpec:
+    tasks = make_calc_tasks("all")
+    longest_obs = len(tok.observation("calc: 99 * 99 * 99 * 99 = 96059601"))
+    longest = max(len(tok.prompt(t.prompt)) for t in tasks) + max_turns * (ACTION_TOKENS + longest_obs)
+    return EnvSpec(
+        name="calc",
+        tok=tok,
+        make=lambda: CalcEnv(tok, max_turns),
+        train_tasks=make_calc_tasks("train"),
+        heldout_tasks=make_calc_tasks("heldout"),
+        max_action_tokens=ACTION_TOKENS,
+        metrics=("calls",),
+        max_episode_tokens=longest,
+        actions=("calc 12 * 34", "answer 408"),
+        eval_decode="kvcache",
+    )
+
+
+__all__ = ["CalcEnv", "CalcTask", "calc", "calc_spec", "evaluate", "make_calc_tasks", "parse"]
