@@ -19,7 +19,7 @@ INSTRUCTIONS = (
     "You solve word problems with a calculator. Reply with one line only: 'calc EXPRESSION' to compute, for "
     "example 'calc 12 * 34', or 'answer NUMBER' to give the final answer, for example 'answer 408'."
 )
-ACTION_TOKENS = 24  # the longest reply of one turn, its end-of-turn token included
+ACTION_TOKENS = 40  # the longest reply of one turn, its end-of-turn token included
 CALC_DEFAULTS = {
     "model": "smollm2-135m",
     "max_turns": 3,
@@ -60,7 +60,7 @@ def calc_spec(tok, max_turns: int = 3) -> EnvSpec:
         train_tasks=make_calc_tasks("train"),
         heldout_tasks=make_calc_tasks("heldout"),
         max_action_tokens=ACTION_TOKENS,
-        metrics=("calls",),
+        metrics=("calls", "cut"),
         max_episode_tokens=longest,
         actions=("calc 12 * 34", "answer 408"),
         eval_decode="kvcache",

@@ -1,16 +1,19 @@
 """CalcEnv: word problems with a calculator tool, for a chat model.
 
-Actions are free text, read leniently but exactly (case, surrounding spaces, quotes or backticks and a final
-period do not matter; anything else does):
+Replies are free text, read leniently but exactly:
 
-- ``calc EXPRESSION`` (also ``calculate``, ``calculator``, with or without a colon): the expression, digits and
-  ``+ - * x / ( )`` only, is computed and its value returned (``calc: 17 * 25 = 425``);
-- ``answer NUMBER`` (also ``final answer``, ``the answer is``, with or without a colon, or the bare number): ends
-  the episode with reward 1 if the number is the problem's answer, else 0.
+- a reply that holds ``calc EXPRESSION`` (also ``calculate``, ``calculator``, with or without a colon; the
+  expression is the arithmetic that follows the word: digits and ``+ - * x / ( )``, at least one operator) calls
+  the calculator with its first such expression: the value is the next turn (``calc: 17 * 25 = 425``);
+- any other reply is an answer: the number after the last ``answer`` in it (``answer 425``, ``the answer is
+  425``), else the last number it holds. The episode ends with reward 1 if that number is exactly the problem's
+  answer, else 0;
+- a reply with neither a calculator call nor a number is malformed (``invalid``, reward 0), as is a call whose
+  expression is not arithmetic.
 
-Anything else is malformed: the episode ends ``invalid`` with reward 0. An action cut by the token budget has no
-end-of-turn token and is malformed too. Running out of turns is ``truncated``. ``info["metrics"]`` counts the
-calculator calls (``calls``).
+A reply cut by the token budget is read as far as it got (a number cut in two is a wrong number) and counted
+(``cut``). Running out of turns on calculator calls is ``truncated``. ``info["metrics"]`` counts the calculator
+calls (``calls``) and the cut replies.
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ import re
 from lrl.envs.base import StepResult
 from lrl.envs.calc.tasks import CalcTask
 
-_CALC = re.compile(r"^(?:calculator|calculate|calc)\s*:?\s*(.+)$")
-_ANSWER = re.compile(r"^(?:(?:the\s+)?(?:final\s+)?answer\s*(?:is)?\s*:?\s*)?(-?[\d,]+(?:\.\d+)?)$")
+_CALC = re.compile(
+    r"\b(?:calculator|calculate|calc)\b\s*:?\s*(\(*\s*\d[\d\s.]*(?:[+\-*x×/]\s*\(*\s*\d[\d\s.]*\)*\s*)+)"
+)
+_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
+_ANSWER = re.compile(r"answer\s*(?:is)?\s*[:=]?\s*(" + _NUMBER + ")")
 _EXPRESSION = re.compile(r"^[\d\s+\-*x×/().]+$")
 MAX_EXPRESSION = 64  # characters
 
@@ -94,20 +100,21 @@ def shown(value: float) -> str:
 
 def parse(text: str) -> tuple[str, object]:
     """A reply -> ('calc', expression), ('answer', number) or ('invalid', reason)."""
-    line = re.sub(r"[`'\"]", "", text).strip().rstrip(".").strip().lower()
-    match = _CALC.match(line)
+    text = re.sub(r"[`'\"*_]{2,}|[`'\"]", "", text).strip().lower()
+    match = _CALC.search(text)
     if match:
-        expression = match.group(1).strip().strip("`'\"").strip()
+        expression = match.group(1).strip().rstrip(".").strip()
         if len(expression) <= MAX_EXPRESSION and _EXPRESSION.match(expression):
             return "calc", expression
         return "invalid", "not an arithmetic expression"
-    match = _ANSWER.match(line)
-    if match:
-        try:
-            return "answer", float(match.group(1).replace(",", ""))
-        except ValueError:
-            return "invalid", "not a number"
-    return "invalid", "neither calc nor answer"
+    answers = _ANSWER.findall(text)
+    numbers = answers or re.findall(_NUMBER, text)
+    if not numbers:
+        return "invalid", "neither a calculator call nor a number"
+    try:
+        return "answer", float(numbers[-1].replace(",", ""))
+    except ValueError:
+        return "invalid", "not a number"
 
 
 class CalcEnv:
@@ -132,13 +139,14 @@ class CalcEnv:
         self.turns += 1
         info = {"invalid": False, "truncated": False, "metrics": {}}
         ended = bool(action) and action[-1] == self.tok.eos_id  # else cut by the token budget
-        kind, value = parse(self.tok.decode(action[:-1])) if ended else ("invalid", "cut")
+        kind, value = parse(self.tok.decode(action[:-1] if ended else action))
         info["action"] = kind
+        info["metrics"] = {"cut": float(not ended)}
         if kind == "answer":
             self.done = True
             return StepResult([], float(value == self.task.answer), True, info)
         if kind == "calc":
-            info["metrics"] = {"calls": 1.0}
+            info["metrics"]["calls"] = 1.0
             try:
                 text = f"calc: {value} = {shown(evaluate(value))}"
             except ExpressionError as err:

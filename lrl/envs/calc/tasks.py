@@ -1,7 +1,7 @@
-"""calc tasks: short word problems over two-digit numbers whose answer is one arithmetic expression.
+"""calc tasks: short problems over two-digit numbers whose answer is one arithmetic expression.
 
-A task names two numbers and a story; the answer is ``a op b`` for one of +, -, * (a difference is never
-negative). Tasks are generated from a seed; the train and held-out splits are fixed sets of distinct problems
+A task names two numbers, as a plain question or in a story; the answer is ``a op b`` for one of +, -, * (a
+difference is never negative). Tasks are generated from a seed; the train and held-out splits are fixed sets of distinct problems
 that never share a (story, a, b) triple, nor a pair of numbers.
 """
 
@@ -10,8 +10,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-# (story with {a} and {b}, the operator that answers it)
+# (story with {a} and {b}, the operator that answers it): three plain questions, eight stories whose expression the
+# model must build itself
 STORIES: tuple[tuple[str, str], ...] = (
+    ("What is {a} * {b}?", "*"),
+    ("What is {a} + {b}?", "+"),
+    ("What is {a} - {b}?", "-"),
     ("A box holds {a} pencils. How many pencils are in {b} boxes?", "*"),
     ("A train has {a} cars with {b} seats each. How many seats does it have?", "*"),
     ("Each of {a} students reads {b} pages. How many pages do they read in all?", "*"),
