@@ -61,14 +61,15 @@ def depth(value) -> int:
         item, d = stack.pop()
         if isinstance(item, (list, dict)):
             deepest = max(deepest, d + 1)
-            if deepest > MAX_DEPTH:
+            if deepest > MAX_DEPTH + 8:  # past any bound: deep enough to refuse
                 return deepest
             stack.extend((x, d + 1) for x in (item.values() if isinstance(item, dict) else item))
     return deepest
 
 
-def loads(text: str):
-    """Strict, bounded JSON -> the value; Unparseable with the reason otherwise."""
+def loads(text: str, max_depth: int = MAX_DEPTH):
+    """Strict, bounded JSON (a document nested at most `max_depth` deep) -> the value; Unparseable with the
+    reason otherwise."""
     try:
         value = json.loads(
             text, parse_constant=_constant, parse_int=_int, parse_float=_float, object_pairs_hook=_object
@@ -79,7 +80,7 @@ def loads(text: str):
         raise Unparseable(f"values nested more than {MAX_DEPTH} deep") from None
     except ValueError as err:  # json's own errors, and int()'s digit limit
         raise Unparseable(f"something that is not JSON ({str(err)[:60]})") from None
-    if depth(value) > MAX_DEPTH:
+    if depth(value) > max_depth:
         raise Unparseable(f"values nested more than {MAX_DEPTH} deep")
     return value
 
@@ -90,7 +91,7 @@ def parse(raw: bytes, total: int) -> tuple[dict[int, dict], object]:
     got: dict[int, dict] = {}
     done = None
     for line in raw.splitlines():
-        item = loads(line.decode("utf-8", "replace"))
+        item = loads(line.decode("utf-8", "replace"), MAX_DEPTH + 1)  # {"i": k, "value": V}
         if not isinstance(item, dict):
             raise Unparseable("something that is not a result")
         if "done" in item:
