@@ -124,14 +124,14 @@ def choose(level: str, root: str, limits: Limits, uid: int | None) -> tuple[Sand
         raise ValueError(f"--sandbox must be one of {', '.join(LEVELS)}; got {level!r}")
     notes = []
     rl_uid = uid if uid is not None and accessible_to_others(sys.executable) else None
-    if uid is not None and rl_uid is None and level != "namespaces":
-        notes.append(f"the interpreter {os.path.realpath(sys.executable)} is not readable by other users")
     tries = {
         "auto": [("namespaces", True), ("namespaces", False), ("rlimits", False)],
         "namespaces": [("namespaces", True)],
         "rlimits": [("rlimits", False)],
     }[level]
     for name, own_root in tries:
+        if name == "rlimits" and uid is not None and rl_uid is None:  # why rlimits runs as this user
+            notes.append(f"the interpreter {os.path.realpath(sys.executable)} is not readable by other users")
         box = Sandbox(root, name, limits, uid if name == "namespaces" else rl_uid, own_root=own_root)
         ok, found = probe(box)
         if ok:
