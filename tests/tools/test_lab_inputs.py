@@ -280,3 +280,13 @@ def test_a_calibration_engine_cost_writes_from_a_real_run_is_taken_by_the_simula
     run = {"design": designs.SHORT["partial2"], "history": [], "steps": 6, "slots": 4}
     predicted = designs.predicted_from(run, True, designs.calibration_of(str(cal)))
     assert predicted["episodes_per_s"] > 0
+
+
+def test_train_py_states_its_rule_for_a_float_too_large(tmp_path):
+    out = train(*FAST, "--pipeline", "async", "--stale-policy", "ordered", "--take-patience", "1e308",
+                "--log-dir", str(tmp_path / "r"))  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert (
+        "take_patience: 1e+308 is not allowed; it must be a finite number strictly between -1e308 and 1e308"
+        in (out.stderr)
+    ), out.stderr
