@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,15 @@ def test_a_task_folder_that_cannot_be_used_is_one_line_naming_the_file_and_exit_
     tasks = tmp_path / "tasks"
     write_task(tasks, "a", "train")
     path = breakage(write_task(tasks, "b", "heldout"))
-    with pytest.raises(TaskFolderError) as err:
-        load_tasks(tasks)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(
+        20_000
+    )  # as torch's compiler or hypothesis may have: the bounds must not depend on it
+    try:
+        with pytest.raises(TaskFolderError) as err:
+            load_tasks(tasks)
+    finally:
+        sys.setrecursionlimit(limit)
     assert needle in str(err.value) and str(path) in str(err.value), str(err.value)[:300]
     out = train("--env", "codefix", "--codefix-tasks", str(tasks), *FAST, "--log-dir", str(tmp_path / "r"))
     one_clear_line(out, 2, "codefix_tasks", str(path), needle)
@@ -103,7 +111,9 @@ def test_linked_and_large_enough_files_are_still_read(tmp_path):
     (tmp_path / "elsewhere.py").write_text(GOOD)
     (d / "candidates" / "1.py").unlink()
     (d / "candidates" / "1.py").symlink_to(tmp_path / "elsewhere.py")  # a link to a regular file is one
-    long_call = "double(" + "+".join(["1"] * 1000) + ")"  # 2,007 characters: within the bound
+    long_call = (
+        "double(sum([" + ", ".join(["1"] * 1000) + "]))"
+    )  # 3,012 characters, shallow: within the bounds
     (d / "task.json").write_text(json.dumps({"calls": [long_call, CALLS[1]], "expect": [{"value": 2000},
                                              {"value": 42}], "split": "heldout"}))  # fmt: skip
     task = load_tasks(tasks)[1]

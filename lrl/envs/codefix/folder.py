@@ -2,7 +2,8 @@
 
 Everything is read with bounds and checked before a run starts, and anything that cannot be used is one
 :class:`TaskFolderError` naming the file: ``task.json`` is strict JSON (no NaN or Infinity, no key twice) of at
-most :data:`MAX_TASK_BYTES`, its calls are Python expressions of at most :data:`MAX_CALL_CHARS` characters, its
+most :data:`MAX_TASK_BYTES`, its calls are Python expressions of at most :data:`MAX_CALL_CHARS` characters
+whose syntax trees nest at most :data:`MAX_CALL_DEPTH` deep (whatever this process's recursion limit), its
 expected values keep to the bounds of what a sandbox can report (:mod:`lrl.envs.codefix.sandbox.results`), and
 an expected exception is named as ``type(err).__name__`` gives it; ``solution.py`` and every candidate are
 regular files (a link to one is one) of at most :data:`MAX_MODULE_BYTES`, in UTF-8, that compile. A folder, a
@@ -11,6 +12,7 @@ link to nothing, a FIFO or a device where a file is due is refused without being
 
 from __future__ import annotations
 
+import ast
 import builtins
 import os
 import stat
@@ -22,6 +24,7 @@ from lrl.envs.codefix.tasks import MAX_CALLS, MAX_CANDIDATES, MODULE, CodeTask
 MAX_TASK_BYTES = 4 << 20  # a task.json: no larger than the result channel that must carry its values
 MAX_MODULE_BYTES = 1 << 20  # the shipped module and each candidate
 MAX_CALL_CHARS = 10_000  # one test call
+MAX_CALL_DEPTH = 100  # its syntax tree's nesting (unary operators, brackets, chains of binary operators)
 
 
 class TaskFolderError(ValueError):
@@ -106,12 +109,27 @@ def _calls(meta_path: Path, meta: dict) -> list[str]:
         if len(c) > MAX_CALL_CHARS:
             raise TaskFolderError(f"{meta_path}: calls[{j}] is {len(c)} characters; at most {MAX_CALL_CHARS}")
         try:
-            compile(c, f"call {j}", "eval")
+            tree = ast.parse(c, f"call {j}", "eval")
+            deep = _depth(tree) > MAX_CALL_DEPTH
         except (SyntaxError, ValueError):
             raise TaskFolderError(f"{meta_path}: calls[{j}] is not a Python expression: {c[:80]!r}") from None
         except (RecursionError, MemoryError):
-            raise TaskFolderError(f"{meta_path}: calls[{j}] nests too deep to compile: {c[:80]!r}") from None
+            deep = True
+        if deep:  # the sandbox's interpreter compiles it at the default recursion limit: keep far below it
+            raise TaskFolderError(
+                f"{meta_path}: calls[{j}] nests more than {MAX_CALL_DEPTH} deep: {c[:80]!r}"
+            ) from None
     return calls
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deep a syntax tree nests, without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        stack.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def _expectations(meta_path: Path, meta: dict, n: int) -> list:
