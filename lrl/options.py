@@ -124,7 +124,9 @@ def check_field(name: str, value, annotation, meta) -> list[str]:
     if value is None:
         return []
     if float in kinds and not isinstance(value, (bool, str, list)) and not _finite(value):
-        return [f"{name}: {value!r} is not allowed; it must be a finite number"]
+        return [
+            f"{name}: {value!r} is not allowed; it must be a finite number strictly between -1e308 and 1e308"
+        ]
     if isinstance(value, str) and value == "":
         return [
             f"{name}: an empty "

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,11 +29,61 @@ OUTER_TMPDIR = "LRL_OUTER_TMPDIR"  # the temporary folder in force before a run'
 
 def remove(paths: list[str]) -> None:
     for path in paths:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        remove_tree(path)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a file, or a folder and everything under it, however deep (no recursion, and no path longer than
+    one name: each step is relative to an open folder), following no link; what cannot be removed is left."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return
+    except OSError:  # not a folder (a file, a link): removed as one
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    names: list[str] = []  # the folders from `path` down to the one open
+    stuck: list[set] = [set()]  # per level: the folders in it that could not be removed
+    while True:
+        sub = None
+        with contextlib.suppress(OSError), os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.name in stuck[-1]:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    sub = entry.name
+                    break
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.name, dir_fd=fd)
+        if sub is not None:
+            with contextlib.suppress(OSError):  # a folder its owner made unreadable or unwritable
+                os.chmod(sub, 0o700, dir_fd=fd, follow_symlinks=False)
+            try:
+                child = os.open(sub, flags, dir_fd=fd)
+            except OSError:
+                stuck[-1].add(sub)
+                continue
+            os.close(fd)
+            fd = child
+            names.append(sub)
+            stuck.append(set())
+            continue
+        if not names:
+            break
+        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = parent
+        name = names.pop()
+        stuck.pop()
+        try:
+            os.rmdir(name, dir_fd=fd)
+        except OSError:
+            stuck[-1].add(name)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def start_reaper(paths: list[str]) -> subprocess.Popen:

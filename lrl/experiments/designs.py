@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from lrl.experiments.inputs import read_history
 from lrl.experiments.stats import mean_se, median
 from lrl.experiments.workload import (
     DESIGN_FLAGS,
@@ -333,15 +334,11 @@ def predicted(run: dict, drop: bool, policy: str = "drop") -> dict:
 
 
 def load_calibration(path) -> dict:
-    """A calibration file (lrl.experiments.engine_cost with --run) -> its parts, checked."""
-    cal = json.loads(Path(path).read_text())
-    if "run" in cal:  # one calibration run
-        cal["runs"] = [cal.pop("run")]
-    missing = [k for k in ("engine", "co_run", "runs") if k not in cal]
-    if missing or not cal["runs"]:
-        raise SystemExit(
-            f"{path}: not a calibration with a run (missing {missing}); see lrl.experiments.engine_cost"
-        )
+    """A calibration file (lrl.experiments.engine_cost with --run) -> its parts, checked (lrl.sim.calibration;
+    TraceError naming the file)."""
+    from lrl.sim import calibration
+
+    cal = calibration.read(str(path))
     if cal.get("tool_servers"):  # a pool of tool servers: a call's time is a tool's own run, the wait simulated
         for part in cal["runs"]:
             part["turns"] = with_service(part["turns"], part.get("tool_service") or [])
@@ -392,12 +389,12 @@ def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> di
     over them; staleness max the largest). Nothing of `run` enters but its configuration (design, slots,
     steps)."""
     from lrl.sim.board import simulate_board
-    from lrl.sim.load import EngineCurve
+    from lrl.sim.calibration import co_run_of, engine_of
 
     spec = DESIGNS[run["design"]]
     sync = bool(spec.get("sync"))
-    curve = EngineCurve.of(cal["engine"]["points"], cal["engine"].get("counts"))
-    slow = float(cal["co_run"]["slowdown"]) if not sync else 1.0  # sync: the trainer has the cores alone
+    curve = engine_of("the calibration", cal)
+    slow = co_run_of(cal) if not sync else 1.0  # sync: the trainer has the cores alone
     switch_s = float(cal["engine"].get("switch_s", 0.0))
     servers = cal.get("tool_servers")  # None: tools at once; else turns of service times
     sims = []
@@ -597,7 +594,7 @@ def load_runs(out: Path, chosen: list[str], slots: int = SLOTS) -> list[dict]:
         design = next(d for d in DESIGNS if path.name.startswith(file_name(d)))
         if design not in chosen:
             continue
-        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        lines = read_history(path)
         runs.append(
             {
                 "design": design,

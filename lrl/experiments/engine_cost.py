@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from lrl.cli import OneLineParser
+from lrl.experiments.inputs import ERRORS, InputError, numbers, outputs, read_history
 from lrl.experiments.workload import LATENCY, SKIP
 
 SLOTS = (1, 4, 16, 64, 128)
@@ -124,8 +126,41 @@ def run_part(history: list[dict]) -> dict:
     }
 
 
+def run_parts(paths: list[str], tool_servers: int | None) -> list[dict]:
+    """The calibration runs' parts (:func:`run_part`), each history read and checked -> parts; InputError naming
+    the file for a history engine_cost cannot use."""
+    parts = []
+    for path in paths:
+        history = read_history(path)
+        if not any("time/finished_turns" in h for h in history):
+            raise InputError(
+                f"{path}: no time/finished_turns in it: not the history of a run with --slots (or --pipeline "
+                "async) on this lrl, which a calibration needs"
+            )
+        if len(history) < SKIP + 3:
+            raise InputError(
+                f"{path}: {len(history)} steps; a calibration needs a run of at least {SKIP + 3}"
+            )
+        sync = "pipeline/trainer_wait" not in history[-1]
+        numbers(path, history, ("time/end", "time/sample" if sync else "pipeline/trainer_wait"))
+        try:
+            part = {"file": str(path), **run_part(history)}
+        except (TypeError, ValueError, KeyError, IndexError) as err:
+            raise InputError(f"{path}: time/finished_turns cannot be read ({str(err)[:100]})") from None
+        if tool_servers and "tool_service" not in part:
+            raise InputError(
+                f"{path}: no env/tool_times, which --tool-servers needs (a run of real tools: --env codefix)"
+            )
+        parts.append(part)
+    return parts
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(
+        prog="python -m lrl.experiments.engine_cost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--slots", type=int, nargs="+", default=list(SLOTS), help="slot counts to time the engine at"
     )
@@ -153,13 +188,28 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if any(n < 1 for n in args.slots):
         p.error("--slots must be positive")
+    if args.episodes_per_slot < 1:
+        p.error("--episodes-per-slot must be positive")
     if args.tool_servers is not None and (args.tool_servers < 1 or not args.run):
         p.error("--tool-servers needs --run and must be at least 1")
+    for problem in outputs(("--json", args.json, "file")):
+        p.error(problem)
     out: dict = {}
-    if args.engine:
-        old = json.loads(Path(args.engine).read_text())
-        out.update({k: old[k] for k in ("engine", "co_run") if k in old})
-    else:
+    try:  # every input read and checked before the engine is timed
+        if args.engine:
+            from lrl.sim import calibration
+
+            old = calibration.read_json(args.engine)
+            if not isinstance(old, dict) or "engine" not in old:
+                raise InputError(f"{args.engine}: no engine part (an earlier JSON of engine_cost)")
+            calibration.engine_of(args.engine, old)
+            if not isinstance(old.get("co_run"), dict) or "slowdown" not in old["co_run"]:
+                raise InputError(f"{args.engine}: no co_run slowdown (an earlier JSON of engine_cost)")
+            out.update({k: old[k] for k in ("engine", "co_run")})
+        parts = run_parts(args.run or [], args.tool_servers)
+    except ERRORS as err:
+        p.error(str(err))
+    if not args.engine:
         from lrl.experiments.calibrate import co_run_slowdown
 
         flags = ["--tool-latency", LATENCY, "--threads", "1", *args.flags]
@@ -169,16 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         out["co_run"] = co_run_slowdown()
         print(f"  {out['co_run']['slowdown']:.2f}x", flush=True)
     if args.run:
-        out["runs"] = []
-        for path in args.run:
-            history = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
-            part = {"file": str(path), **run_part(history)}
-            if args.tool_servers and "tool_service" not in part:
-                p.error(
-                    f"--tool-servers: {path} logged no env/tool_times (a run of real tools: --env codefix)"
-                )
-            out["runs"].append(part)
-            print(f"  {path}: {len(part['turns'])} episodes' turns, trainer {part['train_s']:.3f} s a step")
+        out["runs"] = parts
+        for part in parts:
+            print(
+                f"  {part['file']}: {len(part['turns'])} episodes' turns, trainer {part['train_s']:.3f} s a step"
+            )
     if args.tool_servers:
         out["tool_servers"] = args.tool_servers
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

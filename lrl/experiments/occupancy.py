@@ -21,10 +21,10 @@ Steps 2 and 3 use the run's own episodes: they are diagnostics of the model, not
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
+from lrl.cli import OneLineParser
 from lrl.experiments.designs import (
     DESIGNS,
     SHORT,
@@ -34,6 +34,7 @@ from lrl.experiments.designs import (
     predicted_from,
     window_rate,
 )
+from lrl.experiments.inputs import ERRORS, numbers, outputs, read_history
 from lrl.experiments.workload import GROUP, GROUPS, SKIP, SLOTS, durations, switch_seconds, trainer_seconds
 
 STATES = ("decoding", "ready", "tool", "paused", "empty")
@@ -66,18 +67,18 @@ def real_occupancy(
 def simulated_occupancy(run: dict, drop: bool, cal: dict) -> tuple[list[float], dict, list[float], dict]:
     """The load model's trace of a design from the calibration's first run -> times, shares, step ends, means."""
     from lrl.sim.board import simulate_board
-    from lrl.sim.load import EngineCurve
+    from lrl.sim.calibration import co_run_of, engine_of
 
     spec = DESIGNS[run["design"]]
     sync = bool(spec.get("sync"))
     part = cal["runs"][0]
-    slow = float(cal["co_run"]["slowdown"]) if not sync else 1.0
+    slow = co_run_of(cal) if not sync else 1.0
     slots = run.get("slots", SLOTS)
     trace: list = []
     sim = simulate_board(
         None, slots, GROUP, GROUPS, float(part["train_s"]) * slow, float(cal["engine"].get("switch_s", 0.0)),
         spec["eta"], spec["interrupt"], run.get("steps") or len(run["history"]), drop=drop, sync_before=sync,
-        turns=part["turns"], engine=EngineCurve.of(cal["engine"]["points"], cal["engine"].get("counts")),
+        turns=part["turns"], engine=engine_of("the calibration", cal),
         co_run=slow, trace=trace,
     )  # fmt: skip
     t0 = sim["step_ends"][SKIP]
@@ -167,7 +168,11 @@ def measured_shares(history: list[dict]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(
+        prog="python -m lrl.experiments.occupancy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--design", default="partial2", help=f"one of {sorted(SHORT)}")
     p.add_argument("--runs", required=True, help="the designs experiment's folder (with histories/)")
     p.add_argument("--staleness-drop", choices=("true", "false"), default="false")
@@ -179,14 +184,22 @@ def main(argv: list[str] | None = None) -> int:
     if design not in DESIGNS:
         p.error(f"--design: one of {sorted(SHORT)}")
     drop = args.staleness_drop == "true"
+    if args.slots < 1:
+        p.error("--slots must be at least 1")
+    for problem in outputs(("--png", args.png, "file")):
+        p.error(problem)
     paths = sorted((Path(args.runs) / "histories").glob(f"{file_name(design)}-r*.jsonl"))
     if not paths:
-        p.error(f"no histories of {design!r} under {args.runs}/histories")
+        p.error(f"--runs: no histories of {design!r} under {args.runs}/histories")
     runs = []
-    for path in paths:
-        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        runs.append({"design": design, "history": lines, "steps": len(lines), "slots": args.slots})
-    cal = load_calibration(args.predict_from)
+    try:  # every input read and checked before any work
+        cal = load_calibration(args.predict_from)
+        for path in paths:
+            lines = read_history(path)
+            numbers(path, lines, ("time/end",))
+            runs.append({"design": design, "history": lines, "steps": len(lines), "slots": args.slots})
+    except ERRORS as err:
+        p.error(str(err))
     print(
         f"{design}, {len(runs)} repeats, {args.slots} slots: error in episodes/s of each model (median; repeats)"
     )

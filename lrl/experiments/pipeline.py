@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from lrl.cli import OneLineParser
 from lrl.config import STALE_POLICIES
 from lrl.experiments.calibrate import (
     SKIP,
@@ -43,9 +43,19 @@ from lrl.experiments.calibrate import (
     steps_per_s,
     sync_train_time,
 )
+from lrl.experiments.inputs import (
+    ERRORS,
+    InputError,
+    numbers,
+    outputs,
+    predict_from,
+    read_history,
+    read_results,
+)
 from lrl.experiments.pipeline_report import markdown, plot
 from lrl.experiments.stats import mean, mean_se, median
 from lrl.experiments.workload import RUN_FLAGS
+from lrl.sim.checks import patience_problems
 
 
 def name_of(kind: str, eta: int, repeat: int) -> str:
@@ -55,8 +65,7 @@ def name_of(kind: str, eta: int, repeat: int) -> str:
 def stored(kind: str, eta: int, repeat: int, out: Path) -> dict:
     """A run of an earlier invocation, from its history file."""
     name = name_of(kind, eta, repeat)
-    lines = (out / "histories" / f"{name}.jsonl").read_text().splitlines()
-    history = [json.loads(x) for x in lines if x.strip()]
+    history = read_history(out / "histories" / f"{name}.jsonl")
     return {"name": name, "kind": kind, "eta": eta, "repeat": repeat, "history": history, "wall_s": 0.0}
 
 
@@ -143,8 +152,12 @@ def summarise(runs: list[dict], etas: list[int], steps: int, co: dict) -> list[d
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="python -m lrl.experiments.pipeline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--staleness",
         type=int,
@@ -237,35 +250,74 @@ def main(argv: list[str] | None = None) -> int:
         "as one table and a figure of throughput against waste (results/designs/policies.md, policies.png)",
     )
     p.add_argument("flags", nargs="*", help="train.py flags for every run, after --")
+    return p
+
+
+def check_designs(args, p: argparse.ArgumentParser) -> None:
+    """--designs' options, by train.py's rules where train.py has them, and --predict-from's calibrations (every
+    seed's a run will use), before any run."""
+    if args.stale_policy != "drop" and not args.staleness_drop:
+        p.error("--stale-policy applies to the hard bound: it cannot go with --staleness-drop false")
+    if args.take_patience is not None and args.take_patience_steps is not None:
+        p.error("--take-patience-steps applies to --stale-policy ordered, instead of --take-patience")
+    patience = [args.take_patience] if args.take_patience is not None else None
+    steps = [args.take_patience_steps] if args.take_patience_steps is not None else None
+    for problem in patience_problems(patience, steps, args.stale_policy == "ordered", "--stale-policy"):
+        p.error(problem)
+    if args.slots is not None and args.slots < 1:
+        p.error("--slots must be at least 1")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    seeds = range(args.first_seed, args.first_seed + args.repeats) if not args.report else []
+    for problem in predict_from(args.predict_from, seeds):
+        p.error(problem)
+
+
+def stored_runs(plan: list, out: Path, json_path: Path) -> tuple[dict, list[dict]]:
+    """--report: the co-run measurement and the runs an earlier invocation stored -> (co_run, runs)."""
+    payload = read_results(json_path, dict, "the rows and co-run slowdown of an earlier run of this command")
+    co = payload.get("co_run")
+    if not isinstance(co, dict) or not isinstance(co.get("slowdown"), (int, float)) or not co["slowdown"] > 0:
+        raise InputError(f"{json_path}: no co_run slowdown (the file an earlier run of this command wrote)")
+    runs = [stored(kind, eta, k, out) for kind, eta, k in plan]
+    for run in runs:
+        numbers(out / "histories" / f"{run['name']}.jsonl", run["history"], ("time/end",))
+    return co, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
-    if args.compare_policies:
-        from lrl.experiments import policies
+    for problem in outputs(("--out", args.out, "dir"), ("--json", args.json, "file")):
+        p.error(problem)
+    try:
+        if args.compare_policies:
+            from lrl.experiments import policies
 
-        return policies.main(
-            Path(args.out) if args.out else policies.ROOT,
-            predict_from=args.predict_from,
-            env=args.env,
-            frozen=args.freeze_policy == "true",
-        )
-    if args.designs:
-        from lrl.experiments import designs
+            for problem in predict_from(
+                args.predict_from if "{seed}" not in (args.predict_from or "") else None, []
+            ):
+                p.error(problem)
+            return policies.main(
+                Path(args.out) if args.out else policies.ROOT,
+                predict_from=args.predict_from,
+                env=args.env,
+                frozen=args.freeze_policy == "true",
+            )
+        if args.designs:
+            from lrl.experiments import designs
 
-        args.staleness_drop = args.staleness_drop == "true"
-        args.freeze_policy = args.freeze_policy == "true"
-        if args.stale_policy != "drop" and not args.staleness_drop:
-            p.error("--stale-policy applies to the hard bound: it cannot go with --staleness-drop false")
-        if args.take_patience is not None and args.stale_policy != "ordered":
-            p.error("--take-patience applies to --stale-policy ordered")
-        if args.take_patience is not None and not (0 <= args.take_patience < math.inf):
-            p.error("--take-patience: seconds >= 0")
-        if args.take_patience_steps is not None:
-            if args.stale_policy != "ordered" or args.take_patience is not None:
-                p.error("--take-patience-steps applies to --stale-policy ordered, instead of --take-patience")
-            if not (0 <= args.take_patience_steps < math.inf):
-                p.error("--take-patience-steps: trainer steps >= 0")
-        if args.slots is not None and args.slots < 1:
-            p.error("--slots must be at least 1")
-        return designs.main(args, args.flags)
+            args.staleness_drop = args.staleness_drop == "true"
+            args.freeze_policy = args.freeze_policy == "true"
+            check_designs(args, p)
+            return designs.main(args, args.flags)
+        return staleness_bounds(args, p)
+    except ERRORS as err:
+        p.error(str(err))
+
+
+def staleness_bounds(args, p: argparse.ArgumentParser) -> int:
+    """The staleness bounds measured and predicted (the command without --designs)."""
     args.out = args.out or "results/pipeline"
     if 0 not in args.staleness:
         p.error("--staleness must include 0: the bound-0 run calibrates the simulator")
@@ -275,15 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeats must be at least 1")
     etas = sorted(set(args.staleness))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     json_path = Path(args.json) if args.json else out / "pipeline.json"
     plan = [("sync", 0, k) for k in range(args.repeats)] + [
         ("async", e, k) for k in range(args.repeats) for e in etas
     ]
     if args.report:
-        co = json.loads(json_path.read_text())["co_run"]
-        runs = [stored(kind, eta, k, out) for kind, eta, k in plan]
+        co, runs = stored_runs(plan, out, json_path)
     else:
+        out.mkdir(parents=True, exist_ok=True)
         print("measuring the co-run slowdown ...", flush=True)
         co = co_run_slowdown()
         print(f"  {co['slowdown']:.2f}x", flush=True)

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lrl.cli import OneLineParser
+from lrl.experiments.inputs import ERRORS, outputs, read_history
 from lrl.experiments.workload import (
     BATCH,
     BOUNDS,
@@ -103,7 +105,11 @@ def table(inputs: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(
+        prog="python -m lrl.experiments.scaling",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--repeats", type=int, default=2, help="measuring runs")
     p.add_argument("--out", default="results/scaling", help="folder of the measuring runs' histories")
     p.add_argument("--report", action="store_true", help="only the tables, from histories already measured")
@@ -111,15 +117,19 @@ def main(argv: list[str] | None = None) -> int:
     from lrl.experiments.scaling_report import markdown
 
     out = Path(args.out)
+    for problem in outputs(("--out", args.out, "dir")):
+        p.error(problem)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     if args.report:
-        histories = [
-            [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-            for f in sorted(out.glob("measure-r*.jsonl"))
-        ]
+        try:
+            histories = [read_history(f) for f in sorted(out.glob("measure-r*.jsonl"))]
+        except ERRORS as err:
+            p.error(str(err))
+        if not histories:
+            p.error(f"--report: no measured histories in {out}: run without --report first")
     else:
         histories = [measure(k, out) for k in range(args.repeats)]
-    if not histories:
-        raise SystemExit(f"no measured histories in {out}: run without --report first")
     inputs = calibrate(histories)
     print(markdown(inputs, table(inputs)))
     return 0

@@ -24,6 +24,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from lrl.cli import OneLineParser
+from lrl.experiments.inputs import outputs
 from lrl.experiments.stats import mean_se
 
 LATE = 20  # steps after which a healthy run no longer produces malformed actions at a high rate
@@ -232,8 +234,10 @@ def summary(results: list[dict], machines: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = OneLineParser(
+        prog="python -m lrl.experiments.seeds",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--seeds", type=int, default=10, help="seeds 0 .. N-1 (default 10)")
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
@@ -253,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         parser.error("--seeds and --jobs must be >= 1")
+    for problem in outputs(("--out", args.out, "dir")):
+        parser.error(problem)
     machines = list(MACHINES) if args.machines == "all" else args.machines.split(",")
     for name in machines:
         try:

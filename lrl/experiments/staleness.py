@@ -24,6 +24,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from lrl.cli import OneLineParser
+from lrl.experiments.inputs import ERRORS, InputError, outputs, read_results
 from lrl.experiments.staleness_report import METRICS, REWARD_TARGET, markdown, plot, summarize
 
 __all__ = [
@@ -183,7 +185,11 @@ def one_run(args: tuple) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(
+        prog="python -m lrl.experiments.staleness",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--seeds", type=int, default=5, help="seeds per row (default 5)")
     p.add_argument(
         "--lr", type=float, nargs="+", default=None, help="learning rates to sweep (default: train.py's lr)"
@@ -245,8 +251,16 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if r[:3] == ("lagged", 0, "none")]
     rows += [("async", b, c, "token") for b in args.async_bounds for c in ("none", "tis")]
     out = Path(args.out)
+    for problem in outputs(("--out", args.out, "dir")):
+        p.error(problem)
     if args.from_results:
-        results = json.loads(Path(args.from_results).read_text())
+        try:
+            results = read_results(
+                args.from_results, list, "the results.json of an earlier run of this command"
+            )
+            check_results(args.from_results, results)
+        except ERRORS as err:
+            p.error(str(err))
         write_tables(results, rows, args, out, "")
         return 0
     from lrl.arguments import parse_args
@@ -282,6 +296,20 @@ def main(argv: list[str] | None = None) -> int:
     wall = f"\nWall time: {time.time() - start:.0f} s for {len(cells)} runs ({args.jobs} in parallel).\n"
     write_tables(results, rows, args, out, wall)
     return 0
+
+
+def check_results(path: str, results: list) -> None:
+    """Every row of an earlier results.json holds what the tables read (InputError naming the file)."""
+    keys = ("sampler", "lag", "correction", "level", "lr", "seed", "evals", *METRICS)
+    for i, r in enumerate(results):
+        missing = [k for k in keys if not isinstance(r, dict) or k not in r]
+        if missing:
+            raise InputError(
+                f"{path}: result {i} has no {', '.join(missing[:3])} (a results.json of this command)"
+            )
+        bad = [m for m in METRICS if isinstance(r[m], bool) or not isinstance(r[m], (int, float))]
+        if bad:  # NaN is a number here: a target not reached
+            raise InputError(f"{path}: result {i} has {bad[0]} {json.dumps(r[bad[0]])[:30]}, not a number")
 
 
 def write_tables(results: list[dict], rows: list[tuple], args, out: Path, wall: str) -> None:

@@ -60,3 +60,42 @@ def check_args(
             isinstance(value, (int, float)) and value > 0 and not math.isnan(value)
         ):
             raise ValueError(f"{name} must be None or a number of seconds > 0; got {value!r}")
+
+
+def train_rule(name: str, value, flag: str | None = None) -> list[str]:
+    """What train.py says of `value` for its option `name` (the same rule, the same words), naming `flag`."""
+    import typing
+    from dataclasses import fields
+
+    from lrl.config import Config
+    from lrl.options import check_field
+
+    field = next(f for f in fields(Config) if f.name == name)
+    problems = check_field(name, value, typing.get_type_hints(Config)[name], field.metadata)
+    flag = flag or "--" + name.replace("_", "-")
+    return [flag + p.removeprefix(name) for p in problems]
+
+
+def patience_problems(patience, patience_steps, ordered: bool, policy_flag: str) -> list[str]:
+    """The ordered policy's patience options, as train.py takes them: each value by train.py's rule, and only
+    beside the policy that has a patience (`ordered`: whether that policy is chosen, by `policy_flag`)."""
+    problems = []
+    for flag, name, values in (("--take-patience", "take_patience", patience),
+                               ("--take-patience-steps", "take_patience_steps", patience_steps)):  # fmt: skip
+        if values is None:
+            continue
+        if not ordered:
+            problems.append(f"{flag} applies to {policy_flag} ordered (the only policy with a patience)")
+        for value in values if isinstance(values, list) else [values]:
+            problems += train_rule(name, value, flag)
+    return problems[:1]
+
+
+def cli_problems(args) -> list[str]:
+    """``python -m lrl.sim``'s options that train.py shares, by train.py's rules, and the files it will write:
+    checked before any work, so that a refusal is one line and nothing ran."""
+    from lrl.runs import check_output
+
+    ordered = "ordered" in (args.policies or [])
+    problems = patience_problems(args.take_patience, args.take_patience_steps, ordered, "--policies")
+    return problems + check_output("--json", args.json, "file") + check_output("--plot", args.plot, "dir")

@@ -17,6 +17,7 @@ import time
 import torch
 
 from lrl.cli import OneLineParser
+from lrl.sim.checks import cli_problems
 from lrl.sim.durations import agent_episode_durations
 from lrl.sim.limits import MAX_EPISODES, MAX_POOL, MAX_SECONDS, MAX_SEED, MAX_SLOTS
 from lrl.sim.tables import (
@@ -261,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--engine-step",
-        type=float,
+        type=NONNEG_FLOAT,
         nargs=2,
         default=None,
         metavar=("BASE", "PER"),
@@ -400,23 +401,10 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_turn_trace(args, parser)
     if args.single or args.extra or args.plot:
         parser.error("--trace plans from a trace; it does not combine with --single, --extra or --plot")
-    if args.take_patience is not None and "ordered" not in (args.policies or []):
-        parser.error("--take-patience applies to --policies ordered")
-    if any(x < 0 or x != x for x in args.take_patience or []):
-        parser.error("--take-patience: seconds >= 0")
-    if args.take_patience_steps is not None and "ordered" not in (args.policies or []):
-        parser.error("--take-patience-steps applies to --policies ordered")
-    if any(not (0 <= x < float("inf")) for x in args.take_patience_steps or []):
-        parser.error("--take-patience-steps: trainer steps >= 0")
     if args.policies:
         parser.error(
             "--policies plans from a turn trace (docs/simulate.md); a trace of wall times has no tokens"
         )
-    if args.json:
-        from lrl.runs import check_output
-
-        for problem in check_output("--json", args.json, "file"):
-            parser.error(problem)
     options = {
         "slots": args.slots,
         "batch": args.batch_size,
@@ -485,10 +473,6 @@ def run_turn_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         return 2
     print("\n".join(turns.turn_lines(trace, rows, settings)))
     if args.plot:
-        from lrl.runs import check_output
-
-        for problem in check_output("--plot", args.plot, "dir"):
-            parser.error(problem)
         print(f"wrote {turns.plot_plan(rows, args.trace, args.plot)}")
     if args.json:
         import json
@@ -528,15 +512,12 @@ def main(argv: list[str] | None = None) -> int:
     if low > high:
         parser.error(f"--tokens-per-turn: LOW must be <= HIGH; got {low:g} > {high:g}")
     check_sizes(args, parser)
+    if args.json and args.trace is None:
+        parser.error("--json writes the rows of --trace; give a trace")
+    for problem in cli_problems(args):  # train.py's options by train.py's rules, the outputs: before any work
+        parser.error(problem)
     if args.trace is not None:
         return run_trace(args, parser)
-    if args.json:
-        parser.error("--json writes the rows of --trace; give a trace")
-    if args.plot:
-        from lrl.runs import check_output
-
-        for problem in check_output("--plot", args.plot, "dir"):
-            parser.error(problem)
     setup = _setup(args)
     try:
         durations = _durations(args)

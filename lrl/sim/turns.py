@@ -4,7 +4,7 @@ A turn trace is JSONL, one episode a line: ``{"turns": [[tokens decoded, tool se
 per turn, observation tokens, is allowed and not used). An optional first object holds settings: ``train_s``
 (the trainer's seconds a step), ``sync_s`` (a worker's weight load), ``slots``, ``batch``, ``group`` (episodes
 per task, the trainer's unit; default 1), ``co_run`` (the engine's and the trainer's slowdown when both run at
-once; default 1), and ``engine``: ``{"points": [[episodes decoding, step seconds], ...]}`` or
+once; default 1; a measured one below 1 is read as 1), and ``engine``: ``{"points": [[episodes decoding, step seconds], ...]}`` or
 ``{"base_s": B, "per_episode_s": P}``. A calibration file of ``python -m lrl.experiments.engine_cost --run``
 is a turn trace too (its engine curve, co-run slowdown and first run's turns and trainer time).
 
@@ -18,6 +18,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from lrl.sim import calibration
 from lrl.sim.load import EngineCurve, parse_turns
 from lrl.sim.trace import TraceError
 
@@ -36,24 +37,40 @@ class TurnTrace:
 
 def is_turn_trace(path: str) -> bool:
     """Whether a trace file holds turns (or is a calibration): its first object says so, or its second holds
-    turns after a first of settings."""
-    seen = 0
+    turns after a first of settings, or the file is a calibration written over several lines."""
+    seen, opened = 0, False
     try:
         with open(path, encoding="utf-8-sig") as handle:
             for text in handle:
                 if not text.strip():
                     continue
+                opened = opened or (not seen and text.lstrip().startswith("{"))
                 obj = json.loads(text)
                 if not isinstance(obj, dict):
                     return False
-                if "turns" in obj or (not seen and any(k in obj for k in ("runs", "run", "engine"))):
+                if "turns" in obj or (
+                    not seen and any(k in obj for k in ("runs", "run", "engine", "co_run"))
+                ):
                     return True
                 seen += 1
                 if seen == 2 or "duration_s" in obj:
                     return False
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError):
+        pass
+    if not (opened and not seen):  # only a first object that did not end on its line may be one
         return False
-    return False
+    try:
+        return calibration.is_calibration(_whole(calibration.read_text(path)))
+    except TraceError:
+        return False
+
+
+def _whole(text: str):
+    """The file as one JSON value (a calibration, written on one line or several), or None."""
+    try:
+        return calibration.strict_loads(text)
+    except ValueError:
+        return None
 
 
 def _engine(path: str, line: int, spec) -> EngineCurve:
@@ -76,8 +93,10 @@ def _setting(path: str, line: int, name: str, value) -> float | int:
         if value < 1 or value != int(value):
             raise TraceError(path, line, f"{name} is {value:g}; it must be an integer >= 1")
         return int(value)
-    if name == "co_run" and value < 1:
-        raise TraceError(path, line, f"co_run is {value:g}; a slowdown is >= 1")
+    if name == "co_run":  # measured: one below 1 is noise, read as 1 (lrl.sim.calibration)
+        if value <= 0:
+            raise TraceError(path, line, f"co_run is {value:g}; a slowdown is > 0")
+        return max(float(value), 1.0)
     if value < 0:
         raise TraceError(path, line, f"{name} is {value:g}; it must be >= 0")
     return float(value)
@@ -85,27 +104,24 @@ def _setting(path: str, line: int, name: str, value) -> float | int:
 
 def read_turn_trace(path: str) -> TurnTrace:
     """Read and check a turn trace (or a calibration file) -> TurnTrace."""
-    try:
-        with open(path, encoding="utf-8-sig") as handle:
-            text = handle.read()
-    except OSError as err:
-        raise TraceError(
-            path, None, f"cannot read it: {err.strerror.lower() if err.strerror else err}"
-        ) from None
+    text = calibration.read_text(path)
     lines = [(i, t) for i, t in enumerate(text.splitlines(), 1) if t.strip()]
-    first = json.loads(lines[0][1])
-    if "runs" in first or "run" in first:  # a calibration (lrl.experiments.engine_cost)
-        run = first["runs"][0] if "runs" in first else first["run"]
-        settings = {"train_s": float(run["train_s"]), "co_run": float(first["co_run"]["slowdown"])}
-        settings["sync_s"] = float(first["engine"].get("switch_s", 0.0))
-        return TurnTrace(path, parse_turns(run["turns"]), settings, _engine(path, 1, first["engine"]))
+    if not lines:
+        raise TraceError(path, 1, 'the file is empty; expected one JSON object per line with "turns"')
+    whole = _whole(text)
+    if calibration.is_calibration(whole):  # lrl.experiments.engine_cost's: its first run's turns
+        cal = calibration.check(path, whole)
+        run = cal["runs"][0]
+        settings = {"train_s": float(run["train_s"]), "co_run": calibration.co_run_of(cal)}
+        settings["sync_s"] = float(cal["engine"].get("switch_s", 0.0))
+        return TurnTrace(path, parse_turns(run["turns"]), settings, calibration.engine_of(path, cal))
     trace = TurnTrace(path, [])
     raw = []
     for k, (line, t) in enumerate(lines):
         try:
-            obj = json.loads(t)
-        except (json.JSONDecodeError, RecursionError, ValueError) as err:
-            raise TraceError(path, line, f"not JSON ({err})") from None
+            obj = calibration.strict_loads(t)
+        except ValueError as err:
+            raise TraceError(path, line, f"not JSON ({' '.join(str(err).split())[:120]})") from None
         if not isinstance(obj, dict):
             raise TraceError(path, line, f"expected a JSON object, got {type(obj).__name__}")
         if "turns" not in obj and k:

@@ -354,13 +354,14 @@ def test_a_calibration_per_seed_is_read_from_the_seeds_own_file(tmp_path):
     from lrl.experiments.designs import calibration_of
 
     for seed in (0, 1):
-        run = {"trainer_seconds": 0.3 + seed, "turns": [[[4, 0.1]]]}
-        (tmp_path / f"cal-r{seed}.json").write_text(json.dumps({"engine": {}, "co_run": 1.0, "run": run}))
+        run = {"train_s": 0.3 + seed, "turns": [[[4, 0.1]]]}
+        cal = {"engine": {"points": [[1, 0.01]]}, "co_run": {"slowdown": 1.0}, "run": run}
+        (tmp_path / f"cal-r{seed}.json").write_text(json.dumps(cal))
     assert calibration_of(None) is None
     one = calibration_of(str(tmp_path / "cal-r1.json"))
-    assert one["runs"][0]["trainer_seconds"] == 1.3
+    assert one["runs"][0]["train_s"] == 1.3
     per_seed = calibration_of(str(tmp_path / "cal-r{seed}.json"))
-    assert [per_seed(s)["runs"][0]["trainer_seconds"] for s in (1, 0, 1)] == [1.3, 0.3, 1.3]
+    assert [per_seed(s)["runs"][0]["train_s"] for s in (1, 0, 1)] == [1.3, 0.3, 1.3]
     with pytest.raises(SystemExit, match="no calibration for seed 2"):
         per_seed(2)
 

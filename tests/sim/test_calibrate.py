@@ -74,7 +74,7 @@ def test_the_simulator_predicts_a_trainer_bound_run(eta):
     assert slower == pytest.approx(expected if eta == 0 else 1 / (1.5 * TRAIN + HANDOFF), rel=1e-6)
 
 
-def test_the_engine_benchmark_times_steps_by_the_episodes_they_decode(tmp_path):
+def test_the_engine_benchmark_times_steps_by_the_episodes_they_decode(tmp_path, capsys):
     from lrl.experiments.engine_cost import engine_curve, main
 
     curve = engine_curve(
@@ -88,5 +88,6 @@ def test_the_engine_benchmark_times_steps_by_the_episodes_they_decode(tmp_path):
     history.write_text('{"time/end": 1.0, "time/sample": 0.5}\n')
     engine = tmp_path / "engine.json"
     engine.write_text(json.dumps({"engine": curve, "co_run": {"slowdown": 1.0}}))
-    with pytest.raises(ValueError, match="finished_turns"):
+    with pytest.raises(SystemExit) as stop:  # one line, exit status 2 (tests/tools/test_lab_inputs.py)
         main(["--engine", str(engine), "--run", str(history), "--json", str(tmp_path / "cal.json")])
+    assert stop.value.code == 2 and "finished_turns" in capsys.readouterr().err

@@ -96,6 +96,8 @@ def _check(cfg) -> list[str]:
     n = sum(t.split == "train" for t in tasks)
     if cfg.tasks_per_step > n:
         problems.append(f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of codefix")
+    if cfg.sandbox == "namespaces":
+        problems += _namespaces_work(cfg.test_timeout)
     if cfg.max_turns < 2:
         problems.append(
             f"max_turns: {cfg.max_turns} leaves no turn to test a candidate before submitting one"
@@ -107,6 +109,32 @@ INSTRUCTIONS = (
     "You choose the patch that fixes a function. Reply with exactly one action and nothing else: 'test K' runs "
     "the tests on candidate K and says how many passed; 'submit K' submits candidate K and ends the episode."
 )
+
+
+_PROBED: dict = {}
+
+
+def _namespaces_work(wall: float) -> list[str]:
+    """``--sandbox namespaces`` asked by name: a pool of one worker probes it here, once per process, so that a
+    machine that does not allow it stops the run before it starts (``auto`` would fall back, and say so)."""
+    if "namespaces" not in _PROBED:
+        from lrl.envs.codefix.pool import EnvPool
+        from lrl.envs.codefix.sandbox.harness import Limits
+
+        try:
+            EnvPool(
+                1, "namespaces", Limits(wall_seconds=wall, cpu_seconds=max(int(wall + 0.999), 1)), 0
+            ).close()
+            _PROBED["namespaces"] = []
+        except OSError as err:
+            why = str(err).removeprefix("an environment worker could not start: ").removeprefix("OSError: ")
+            _PROBED["namespaces"] = [
+                f"sandbox: namespaces does not work here: {why}; --sandbox auto takes the best level that does "
+                "(the run's first line says what it isolates)"
+            ]
+    return _PROBED["namespaces"]
+
+
 CODEFIX_DEFAULTS = {
     "max_turns": 5,
     "tasks_per_step": 8,

@@ -20,7 +20,6 @@ import json
 import os
 import queue
 import select
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,8 +27,9 @@ import threading
 import time
 from dataclasses import asdict
 
-from lrl.envs.codefix.sandbox import harness
+from lrl.envs.codefix.sandbox import harness, levels
 from lrl.envs.codefix.sandbox.harness import Limits, Verdict
+from lrl.reaper import remove_tree
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(harness.__file__)), "worker.py")
 START_SECONDS = 30.0  # a worker that is not ready by then is an infrastructure failure
@@ -52,7 +52,7 @@ def reachable_tmp() -> str:
         except OSError:
             break
     for candidate in (own, "/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(candidate) and harness.accessible_to_others(candidate, traverse_only=True):
+        if os.path.isdir(candidate) and levels.accessible_to_others(candidate, traverse_only=True):
             return candidate
     return tempfile.gettempdir()
 
@@ -82,6 +82,8 @@ class _Worker:
             "limits": asdict(pool.limits),
             "uid": uid,
             "probe": probe,
+            "own_root": pool.own_root,
+            "plan": pool.plan,  # what a run's own filesystem holds, as the first worker found it
         }
         self.send(setup)
         self.ready = self.receive(START_SECONDS)
@@ -120,7 +122,7 @@ class _Worker:
                 f.close()
             except OSError:
                 pass
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)
 
     def close(self) -> None:
         try:
@@ -131,7 +133,7 @@ class _Worker:
             self.proc.wait(timeout=self.pool_grace)
         except subprocess.TimeoutExpired:
             self.kill()
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)
 
 
 class EnvPool:
@@ -158,6 +160,7 @@ class EnvPool:
             UID_BASE + (os.getpid() % 10_000) * 256 + (EnvPool._count % 4) * 64 if as_root else None
         )
         self.level = level
+        self.own_root, self.plan = True, None  # the first worker's probe says
         self.lock = threading.Lock()
         self.idle: queue.Queue[_Worker] = queue.Queue()
         self.workers: list[_Worker] = []
@@ -167,6 +170,7 @@ class EnvPool:
         try:
             first = _Worker(self, 0, probe=True)  # finds out which level works here; the others are told
             self.level, self.notes = first.ready["level"], first.ready["notes"]
+            self.own_root, self.plan = first.ready["own_root"], first.ready["plan"]
             if first.ready["uid"] is None:
                 self.uid_base = None
             self.workers.append(first)
@@ -186,11 +190,9 @@ class EnvPool:
     def describe(self) -> str:
         """One line: the sandbox level in force, what the probe found, the limits and the workers."""
         lim = self.limits
-        what = {
-            "namespaces": "own network, PID and mount namespaces (read-only but its folder), unprivileged user",
-            "rlimits": "resource limits and a process group only (no network or filesystem isolation)",
-        }[self.level]
-        uid = "" if self.uid_base is not None or os.geteuid() != 0 else " (runs as root)"
+        as_root = self.uid_base is None and os.geteuid() == 0
+        what = levels.isolation(self.level, self.own_root, as_root and self.level == "rlimits")
+        uid = " (runs as root)" if as_root else ""
         return (
             f"sandbox: {self.level}: {what}{uid}; probe: {'; '.join(self.notes)}; limits: {lim.wall_seconds:g} s "
             f"wall, {lim.cpu_seconds} CPU s, {lim.memory_bytes >> 20} MiB, {lim.processes} processes, "
@@ -270,5 +272,5 @@ class EnvPool:
 
         for w in list(getattr(self, "workers", [])):
             w.close()
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_tree(self.root)
         stop_reaper(getattr(self, "reaper", None))

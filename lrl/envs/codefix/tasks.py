@@ -9,7 +9,7 @@ value, an exception, an infinite loop, a memory blow-up, a crash of the interpre
 outside the folder, a socket. Expected values are computed here by running the correct module in this process
 (our own code), and never enter a sandbox.
 
-A user's tasks come from a folder (:func:`load_tasks`, format in docs/sandbox.md).
+A user's tasks come from a folder (:mod:`lrl.envs.codefix.folder`, format in docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -320,99 +320,12 @@ def _save_values(cache: dict) -> None:
         pass  # a read-only cache: computed again next time
 
 
-# -- a user's tasks, from a folder ------------------------------------------------------------------------
-class TaskFolderError(ValueError):
-    """A task folder that cannot be read: the message names the file and what is wrong with it."""
-
-
-def load_tasks(folder) -> list[CodeTask]:
-    """The tasks of a folder (docs/sandbox.md): one sub-folder per task, each with ``task.json`` (``calls``,
-    ``expect``, ``split``; optional ``family``), ``solution.py`` (the module as shipped) and ``candidates/1.py``
-    ... ``candidates/K.py``; optional ``correct`` in task.json lists the candidates that should pass (checked
-    by the tests of the format, not by training). Raises TaskFolderError naming the file."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise TaskFolderError(f"{root}: not a folder")
-    dirs = sorted(p for p in root.iterdir() if p.is_dir())
-    if not dirs:
-        raise TaskFolderError(f"{root}: no task folders in it (one sub-folder per task)")
-    tasks = []
-    for i, d in enumerate(dirs):
-        tasks.append(_load_task(d, i))
-    splits = {t.split for t in tasks}
-    if "train" not in splits or "heldout" not in splits:
-        raise TaskFolderError(
-            f"{root}: needs tasks of both splits, train and heldout; found {sorted(splits)}"
-        )
-    return tasks
-
-
-def _load_task(d: Path, task_id: int) -> CodeTask:
-    meta_path = d / "task.json"
-    if not meta_path.is_file():
-        raise TaskFolderError(f"{meta_path}: missing")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise TaskFolderError(f"{meta_path}: not valid JSON ({err})") from None
-    if not isinstance(meta, dict):
-        raise TaskFolderError(f"{meta_path}: must be a JSON object")
-    calls, expect = meta.get("calls"), meta.get("expect")
-    if not isinstance(calls, list) or not calls or not all(isinstance(c, str) and c.strip() for c in calls):
-        raise TaskFolderError(f"{meta_path}: 'calls' must be a non-empty list of expression strings")
-    if len(calls) > MAX_CALLS:
-        raise TaskFolderError(f"{meta_path}: {len(calls)} calls; a task may have at most {MAX_CALLS}")
-    if not isinstance(expect, list) or len(expect) != len(calls):
-        raise TaskFolderError(f"{meta_path}: 'expect' must be a list with one entry per call ({len(calls)})")
-    for j, e in enumerate(expect):
-        if not (
-            isinstance(e, dict)
-            and (set(e) == {"value"} or (set(e) == {"raises"} and isinstance(e["raises"], str)))
-        ):
-            raise TaskFolderError(
-                f'{meta_path}: expect[{j}] must be {{"value": V}} or {{"raises": "ExceptionName"}}'
-            )
-    for j, c in enumerate(calls):
-        try:
-            compile(c, f"call {j}", "eval")
-        except SyntaxError:
-            raise TaskFolderError(f"{meta_path}: calls[{j}] is not a Python expression: {c!r}") from None
-    split = meta.get("split")
-    if split not in ("train", "heldout"):
-        raise TaskFolderError(f'{meta_path}: \'split\' must be "train" or "heldout"; got {split!r}')
-    module = d / f"{MODULE}.py"
-    if not module.is_file():
-        raise TaskFolderError(f"{module}: missing (the module as shipped, with its bug)")
-    cand_dir = d / "candidates"
-    if not cand_dir.is_dir():
-        raise TaskFolderError(f"{cand_dir}: missing (candidates/1.py ... candidates/K.py)")
-    names = sorted(p.name for p in cand_dir.iterdir())
-    k = len(names)
-    want = [f"{j}.py" for j in range(1, k + 1)]
-    if not 2 <= k <= MAX_CANDIDATES or sorted(names, key=lambda s: (len(s), s)) != want:
-        raise TaskFolderError(
-            f"{cand_dir}: must hold 1.py ... K.py with 2 <= K <= {MAX_CANDIDATES} and nothing else; found {names}"
-        )
-    candidates = []
-    for j in range(1, k + 1):
-        path = cand_dir / f"{j}.py"
-        try:
-            text = path.read_text()
-            compile(text, str(path), "exec")
-        except (UnicodeDecodeError, SyntaxError) as err:
-            raise TaskFolderError(f"{path}: not a Python module ({err})") from None
-        candidates.append(text)
-    correct = meta.get("correct", [])
-    if not isinstance(correct, list) or not all(isinstance(c, int) and 1 <= c <= k for c in correct):
-        raise TaskFolderError(f"{meta_path}: 'correct' must list candidate numbers between 1 and {k}")
-    kinds = tuple("correct" if j in correct else "unknown" for j in range(1, k + 1))
-    return CodeTask(
-        task_id, "task", module.read_text(), tuple(calls), tuple(expect), tuple(candidates), kinds, split
-    )
-
-
 def vocabulary_words() -> list[str]:
     words = {"fix", ":", ".", "candidates", "test", "submit", "of", "task", *FAMILIES}
     words.update(["passed", "failed", "error", "timeout"])
     words.update(str(i) for i in range(0, 33))
     return sorted(words)
+
+
+# a user's tasks, from a folder (kept importable from here)
+from lrl.envs.codefix.folder import TaskFolderError, load_tasks  # noqa: E402, F401

@@ -5,21 +5,24 @@ Levels (:data:`LEVELS`, ``--sandbox``):
 
 - ``namespaces``: a network namespace of its own (no interface up: every connect fails, loopback included), a PID
   namespace (the run is process 2 under an init of ours; when that init ends, the kernel kills every process of
-  the namespace, however it detached), a mount namespace in which the whole filesystem is read-only except the
-  sandbox folder, an unprivileged user id (when started as root: a user id of its own per worker, no
-  capabilities; otherwise a user namespace), and the resource limits below;
+  the namespace, however it detached), a mount namespace with a filesystem of its own (:mod:`fsroot`: the
+  interpreter and its standard library read-only, the run's folder writable, a /proc of its PID namespace,
+  nothing else of the machine), an unprivileged user id (when started as root: a user id of its own per worker,
+  no capabilities; otherwise a user namespace), and the resource limits below. Where the kernel allows the
+  namespaces but not a root of their own, ``auto`` takes them with the machine's filesystem read-only instead
+  (``own_root`` false): candidates can then read what the machine lets other users read;
 - ``rlimits``: the resource limits, a process group killed as a whole, a fresh folder, and (as root, where the
   interpreter is readable by others) the unprivileged user id, whose processes are all killed after the run. No
-  network isolation, no read-only filesystem: resource limits are not a security boundary.
+  network isolation, no filesystem isolation: resource limits are not a security boundary.
 
-:func:`probe` finds out which level works here by running a tiny sandbox that tries the network and a write
-outside its folder. Standard library only: the environment workers import this file without torch.
+At every level, an environment worker adopts what its runs leave (:func:`adopt_orphans`, a child subreaper) and
+kills it when the run ends, and a run's folder is removed without recursion, however deep the candidate made it.
+:mod:`levels` finds out which level works here. Standard library only: the environment workers import this
+file without torch.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import math
 import os
@@ -31,6 +34,15 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+
+from lrl.reaper import remove_tree
+
+if __package__:
+    from . import fsroot, kernel, results
+else:  # the environment worker imports the sandbox's modules from their folder
+    import fsroot
+    import kernel
+    import results
 
 LEVELS = ("auto", "namespaces", "rlimits")
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
@@ -47,12 +59,7 @@ START_FAILED, WORKER_DIED, HARNESS_OOM, WORKER_HUNG = (
     "worker_hung",
 )
 INFRA_KINDS = (START_FAILED, WORKER_DIED, HARNESS_OOM, WORKER_HUNG)
-
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-MOUNT_ATTR_RDONLY, AT_RECURSIVE, AT_FDCWD = 0x1, 0x8000, -100
-SYS_MOUNT_SETATTR = 442  # the same number on every architecture (the unified syscall table)
-PR_SET_PDEATHSIG = 1
+_ADOPTING = []  # [True] once this process adopts its runs' orphans (an environment worker)
 
 
 @dataclass(frozen=True)
@@ -103,61 +110,31 @@ class Sandbox:
     limits: Limits = field(default_factory=Limits)
     uid: int | None = None  # run as this unprivileged user id (as root); None: as ourselves
     python: str = ""  # the interpreter; default: this one
+    own_root: bool = True  # namespaces: a filesystem of its own (False: the machine's, read-only)
+    plan: fsroot.Plan | None = None  # what that filesystem holds (found on first use)
 
     def __post_init__(self):
         if self.level not in ("namespaces", "rlimits"):
             raise ValueError(f"sandbox level must be namespaces or rlimits; got {self.level!r}")
         self.python = self.python or os.path.realpath(sys.executable)
 
+    @property
+    def private_files(self) -> bool:
+        """Whether a run sees a filesystem of its own (else: what the machine lets its user read)."""
+        return self.level == "namespaces" and self.own_root
 
-# -- the kernel's interfaces, through libc ---------------------------------------------------------------
-_libc = None
-
-
-def libc():
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+    def root_plan(self) -> fsroot.Plan:
+        if self.plan is None:
+            self.plan = fsroot.plan(self.python)
+        return self.plan
 
 
-def _unshare(flags: int) -> None:
-    _check(libc().unshare(flags), "unshare")
-
-
-def _mount(source, target, fstype, flags) -> None:
-    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _check(
-        libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), None), f"mount {target}"
-    )
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                ("userns_fd", ctypes.c_uint64)]  # fmt: skip
-
-
-def _mount_setattr(path: str, flags: int, attr_set: int = 0, attr_clr: int = 0) -> None:
-    attr = _MountAttr(attr_set, attr_clr, 0, 0)
-    res = libc().syscall(
-        SYS_MOUNT_SETATTR, AT_FDCWD, path.encode(), flags, ctypes.byref(attr), ctypes.sizeof(attr)
-    )
-    _check(res, f"mount_setattr {path}")
-
-
-def _pdeathsig() -> None:
-    libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+def adopt_orphans() -> bool:
+    """Make this process (an environment worker, which starts no other processes) the parent of whatever its
+    runs leave behind, so that each run's end kills every process it started -> whether the kernel agreed."""
+    if not _ADOPTING and kernel.child_subreaper():
+        _ADOPTING.append(True)
+    return bool(_ADOPTING)
 
 
 # -- the processes of one run ----------------------------------------------------------------------------
@@ -185,14 +162,14 @@ def _in_child(box: Sandbox, folder: str, module: str, fds: dict[str, int]) -> No
                     pass
         python, env = box.python, {}
         if box.level == "namespaces":
-            python = _enter_namespaces(box, folder, report)  # returns in the run's own process (pid 2)
-            env["LD_LIBRARY_PATH"] = os.path.join(box.root, "python", "lib")  # its runpath may be unreachable
+            # returns in the run's own process (pid 2); the interpreter's runpath may be unreachable there
+            python, env["LD_LIBRARY_PATH"] = _enter_namespaces(box, folder, report)
         _limit(box.limits)
         if box.uid is not None:
             os.setgroups([])
             os.setgid(box.uid)
             os.setuid(box.uid)
-        _pdeathsig()  # cleared by the change of user: set again, so the run dies with its parent
+        kernel.pdeathsig()  # cleared by the change of user: set again, so the run dies with its parent
         os.chdir(folder)
         env.update(PATH="/usr/bin:/bin", HOME=folder, TMPDIR=folder, PYTHONHASHSEED="0", LANG="C.UTF-8")
         os.execve(python, [python, "-I", "-S", "-B", os.path.join(folder, "runner.py"), module], env)
@@ -203,37 +180,42 @@ def _in_child(box: Sandbox, folder: str, module: str, fds: dict[str, int]) -> No
             os._exit(SETUP_FAILED)
 
 
-def _enter_namespaces(box: Sandbox, folder: str, report: int) -> str:
+def _enter_namespaces(box: Sandbox, folder: str, report: int) -> tuple[str, str]:
     """New user (if not root), mount, network and PID namespaces; an init of ours waits for the run and reports
-    its status. Returns, in the run's process, the interpreter's path inside the new mount namespace."""
+    its status. Returns, in the run's process, the interpreter's path and library path in its filesystem."""
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID
     if uid != 0:
-        _unshare(CLONE_NEWUSER)
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
-    _unshare(flags)
+        kernel.unshare(kernel.CLONE_NEWUSER)
+        kernel.write("/proc/self/setgroups", "deny")
+        kernel.write("/proc/self/uid_map", f"{uid} {uid} 1")
+        kernel.write("/proc/self/gid_map", f"{gid} {gid} 1")
+    kernel.unshare(kernel.CLONE_NEWNS | kernel.CLONE_NEWNET | kernel.CLONE_NEWPID)
     init = os.fork()  # process 1 of the new PID namespace
     if init:
-        _pdeathsig()
+        kernel.pdeathsig()
         _, status = os.waitpid(init, 0)
         os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
-    _pdeathsig()
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    home = _python_home(box.python)
-    inner_home = os.path.join(box.root, "python")
-    _mount(home, inner_home, None, MS_BIND | MS_REC)
-    _mount(folder, folder, None, MS_BIND)
-    _mount_setattr("/", AT_RECURSIVE, attr_set=MOUNT_ATTR_RDONLY)
-    _mount_setattr(folder, 0, attr_clr=MOUNT_ATTR_RDONLY)
+    kernel.pdeathsig()
+    staging = os.path.join(box.root, "python")
+    if box.own_root:
+        fsroot.enter(box.plan, folder, staging)
+        python, library_path = box.plan.python, box.plan.library_path
+    else:  # the machine's filesystem, read-only but the run's folder
+        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
+        home = _python_home(box.python)
+        kernel.mount(home, staging, None, kernel.MS_BIND | kernel.MS_REC)
+        kernel.mount(folder, folder, None, kernel.MS_BIND)
+        kernel.mount_setattr("/", kernel.AT_RECURSIVE, attr_set=kernel.MOUNT_ATTR_RDONLY)
+        kernel.mount_setattr(folder, 0, attr_clr=kernel.MOUNT_ATTR_RDONLY)
+        python = os.path.join(staging, os.path.relpath(box.python, home))
+        library_path = os.path.join(staging, "lib")
     run = os.fork()  # process 2: the run; process 1 stays to report its end
     if run:
         _, status = os.waitpid(run, 0)
         os.write(report, f"status {status}\n".encode())
         os._exit(0)
-    _pdeathsig()
-    return os.path.join(inner_home, os.path.relpath(box.python, home))
+    kernel.pdeathsig()
+    return python, library_path
 
 
 def _limit(limits: Limits) -> None:
@@ -273,28 +255,33 @@ def run(
     """Write `files` into a fresh folder, run the calls against `module` there, and judge -> Verdict.
 
     `expect` holds, per call, ``{"value": v}`` or ``{"raises": "Name"}``; it stays in this process."""
+    if box.private_files:
+        box.root_plan()  # found once, before the fork
     folder = tempfile.mkdtemp(prefix=f"{name}-", dir=box.root)
     start = time.monotonic()
     try:
         for rel, text in files.items():
             path = os.path.join(folder, rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            _write(path, text)
+            kernel.write(path, text)
         shutil.copyfile(RUNNER, os.path.join(folder, "runner.py"))
-        _write(
+        kernel.write(
             os.path.join(folder, "tests.json"), json.dumps(calls)
-        )  # a record of the calls; never read back
+        )  # a record of the calls; never read
         if box.uid is not None:
             for dirpath, _, names in os.walk(folder):
                 os.chown(dirpath, box.uid, box.uid)
                 for n in names:
                     os.chown(os.path.join(dirpath, n), box.uid, box.uid)
-        return _run_in(box, folder, module, calls, expect, start, values)
+        verdict = _run_in(box, folder, module, calls, expect, start)
+        if not values:
+            verdict.values = None
+        return verdict
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_tree(folder)  # however deep the candidate made it
 
 
-def _run_in(box, folder, module, calls, expect, start, values=False) -> Verdict:
+def _run_in(box, folder, module, calls, expect, start) -> Verdict:
     stdin_r, stdin_w = os.pipe()
     out_r, out_w = os.pipe()
     result_r, result_w = os.pipe()
@@ -316,20 +303,18 @@ def _run_in(box, folder, module, calls, expect, start, values=False) -> Verdict:
     status, timed_out = _watch(box, pid, streams, caps, start)
     if box.uid is not None:
         _sweep(box.uid)
+    if _ADOPTING:
+        kernel.reap_children()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     for fd in streams:
         os.close(fd)
     if len(streams[result_r]) >= RESULT_BYTES:
         streams[result_r] = bytearray(b"overflow\n")  # more than any honest report: not a result
-    verdict = judge(box, status, timed_out, streams[result_r], streams[report_r], expect, cpu)
+    verdict = judge(box, status, timed_out, bytes(streams[result_r]), bytes(streams[report_r]), expect, cpu)
     verdict.seconds = time.monotonic() - start
     verdict.cpu_seconds = cpu
     verdict.output = bytes(streams[out_r][: box.limits.output_bytes]).decode("utf-8", "replace")
-    if values and verdict.kind in (PASSED, FAILED):
-        verdict.values = [json.loads(line).get("value") for line in streams[result_r].splitlines()][
-            : len(calls)
-        ]
     return verdict
 
 
@@ -362,6 +347,8 @@ def _watch(
                     _, status = os.waitpid(pid, 0)
                     sel.unregister(pidfd)
                     _kill_group(pid)  # whatever it left in its group goes with it
+                    if _ADOPTING:
+                        kernel.reap_children()  # and whatever left the group, so its pipes close now
                     ended_at = time.monotonic()
                     continue
                 fd = key.data
@@ -391,9 +378,10 @@ def _kill_group(pid: int) -> None:
 
 
 def judge(
-    box: Sandbox, status, timed_out: bool, results: bytes, report: bytes, expect: list, cpu: float = 0.0
+    box: Sandbox, status, timed_out: bool, channel: bytes, report: bytes, expect: list, cpu: float = 0.0
 ) -> Verdict:
-    """The verdict from the run's end, its result lines and its report (see the module)."""
+    """The verdict from the run's end, its result channel and its report (see the module). What the channel
+    holds is the candidate's: a line the harness cannot parse, or a value it cannot compare, is an error."""
     total = len(expect)
     lines = report.decode("utf-8", "replace").splitlines()
     setup = [line for line in lines if line.startswith("setup ")]
@@ -412,136 +400,21 @@ def judge(
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= box.limits.cpu_seconds):
             return Verdict(TIMEOUT, 0, total, detail=f"past its {box.limits.cpu_seconds} CPU seconds")
         return Verdict(ERROR, 0, total, detail=f"killed by {signal.Signals(sig).name}")
-    got: dict[int, dict] = {}
-    done = None
-    for raw in results.decode("utf-8", "replace").splitlines():
-        try:
-            item = json.loads(raw)
-        except ValueError:
-            return Verdict(ERROR, 0, total, detail="its result channel held something that is not a result")
-        if not isinstance(item, dict):
-            return Verdict(ERROR, 0, total, detail="its result channel held something that is not a result")
-        if "done" in item:
-            done = item["done"]
-            continue
-        i = item.get("i")
-        if not isinstance(i, int) or not 0 <= i < total or i in got:
-            return Verdict(ERROR, 0, total, detail="its result channel held a result twice or out of range")
-        got[i] = item
+    try:
+        got, done = results.parse(channel, total)
+    except results.Unparseable as err:
+        return Verdict(ERROR, 0, total, detail=f"its result channel held {err}")
     code = os.WEXITSTATUS(run_status)
     if done != total or len(got) != total:
         return Verdict(ERROR, 0, total, detail=f"ended (exit {code}) after {len(got)} of {total} results")
     if code != 0:
         return Verdict(ERROR, 0, total, detail=f"reported every result, then exited {code}")
-    passed = sum(_matches(got[i], expect[i]) for i in range(total))
+    passed = 0
+    for i in range(total):
+        try:
+            passed += results.matches(got[i], expect[i])
+        except results.Incomparable as err:
+            return Verdict(ERROR, 0, total, detail=f"call {i} reported {err}")
     kind = PASSED if passed == total else FAILED
-    return Verdict(kind, passed, total, detail="" if kind == PASSED else f"{total - passed} of {total} wrong")
-
-
-def _matches(result: dict, expected: dict) -> bool:
-    if "raises" in expected:
-        return result.get("raised") == expected["raises"]
-    if "value" not in result:
-        return False
-    return _equal(result["value"], expected["value"])
-
-
-def _equal(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        if isinstance(a, int) and isinstance(b, int):
-            return a == b
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
-# -- which level works here ------------------------------------------------------------------------------
-PROBE = """
-import os, socket
-def net():
-    s = socket.socket()
-    s.settimeout(0.5)
-    try:
-        s.connect(("127.0.0.1", 9))
-        return "open"
-    except ConnectionRefusedError:
-        return "open"
-    except OSError:
-        return "closed"
-def outside():
-    path = os.path.join(os.path.dirname(os.getcwd()), "probe-open", "x")
-    try:
-        with open(path, "w") as f:
-            f.write("x")
-        return "writable"
-    except OSError:
-        return "protected"
-"""
-
-
-def probe(box: Sandbox) -> tuple[bool, str]:
-    """Run a tiny sandbox at this box's level -> (it gives what the level promises, what it found)."""
-    files = {"probe.py": PROBE}
-    calls = ["net()", "outside()", "os.getuid()"]
-    open_dir = os.path.join(box.root, "probe-open")  # anyone may write here: only a read-only mount stops it
-    os.makedirs(open_dir, exist_ok=True)
-    os.chmod(open_dir, 0o777)
-    try:
-        v = run(box, files, "probe", calls, [{"value": None}] * 3, "probe", values=True)
-    finally:
-        shutil.rmtree(open_dir, ignore_errors=True)
-    if v.values is None:
-        return False, v.detail or v.kind
-    net, disk, uid = v.values
-    found = f"network {net}, writes outside its folder {disk}, uid {uid}"
-    promised = box.level != "namespaces" or (net == "closed" and disk == "protected")
-    return promised, found
-
-
-def accessible_to_others(path: str, traverse_only: bool = False) -> bool:
-    """Whether a user with no rights of its own can reach and read `path` (every folder above it traversable;
-    with `traverse_only`, `path` itself too)."""
-    path = os.path.realpath(path)
-    parts = path.split(os.sep)
-    for i in range(2, len(parts) + 1):
-        st = os.stat(os.sep.join(parts[:i]) or os.sep)
-        last = i == len(parts) and not traverse_only
-        if not st.st_mode & (0o004 if last else 0o001):
-            return False
-    return True
-
-
-def make_root() -> str:
-    """The folder under which runs' folders are made: reachable, not listable, by the sandboxes' users."""
-    root = tempfile.mkdtemp(prefix="lrl-sandbox-")
-    os.chmod(root, 0o711)
-    os.mkdir(os.path.join(root, "python"), 0o755)
-    return root
-
-
-def choose(level: str, root: str, limits: Limits, uid: int | None) -> tuple[Sandbox, list[str]]:
-    """The sandbox a ``--sandbox`` value asks for, probed -> (sandbox, lines that say what is in force).
-
-    ``auto`` takes namespaces where they work here, else rlimits; a level asked for by name that does not work
-    raises OSError with the reason."""
-    if level not in LEVELS:
-        raise ValueError(f"--sandbox must be one of {', '.join(LEVELS)}; got {level!r}")
-    notes = []
-    rl_uid = uid if uid is not None and accessible_to_others(sys.executable) else None
-    if uid is not None and rl_uid is None:
-        notes.append(f"the interpreter {os.path.realpath(sys.executable)} is not readable by other users")
-    wanted = ["namespaces", "rlimits"] if level == "auto" else [level]
-    for name in wanted:
-        box = Sandbox(root, name, limits, uid if name == "namespaces" else rl_uid)
-        ok, found = probe(box)
-        if ok:
-            return box, notes + [found]
-        notes.append(f"{name} does not work here ({found})")
-        if level != "auto":
-            raise OSError(errno.EPERM, "; ".join(notes))
-    raise OSError(errno.EPERM, "; ".join(notes))
+    detail = "" if kind == PASSED else f"{total - passed} of {total} wrong"
+    return Verdict(kind, passed, total, detail=detail, values=[got[i].get("value") for i in range(total)])
