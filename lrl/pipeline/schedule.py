@@ -148,13 +148,18 @@ class FreeSchedule(_Schedule):
             "owner": {int(k): v for k, v in self.owner.items()},
         }
 
-    def load_state_dict(self, state: dict, episode) -> None:
+    def load_state_dict(self, state: dict, episode, unconsumed=()) -> None:
+        """`episode(saved)` makes an episode of its saved state; `unconsumed`: the serials issued and not trained
+        yet (the source's ledger), for a checkpoint from before the groups out were kept."""
         self.ready = deque((s, [episode(e) for e in eps]) for s, eps in state["ready"])
         self.seconds = {int(k): v for k, v in state["seconds"].items()}
         self.held = list(state["held"])
         self.issued_batches = state["issued_batches"]
-        # a checkpoint from before it was kept: lrl.pipeline.source rebuilds it
-        self.owner = {int(k): v for k, v in state.get("owner", {}).items()}
+        if "owner" in state:
+            self.owner = {int(k): v for k, v in state["owner"].items()}
+        else:  # the groups out are those neither consumed nor finished, on a worker not recorded
+            ready = {s for s, _ in self.ready}
+            self.owner = {s: 0 for s in unconsumed if s not in ready}
         self.cutting = None  # a wait begins again after a resume
         self.outbox = []
 
@@ -209,7 +214,7 @@ class DeterministicSchedule(_Schedule):
             "taken": self.taken,
         }
 
-    def load_state_dict(self, state: dict, episode) -> None:
+    def load_state_dict(self, state: dict, episode, unconsumed=()) -> None:
         self.batches = {
             int(b): {int(s): [episode(e) for e in eps] for s, eps in g.items()}
             for b, g in state["batches"].items()

@@ -325,14 +325,11 @@ class AsyncSource:
         def episode(saved: dict):
             return Episode.from_state(saved, self.picker.by_id(saved["task_id"]))
 
-        self.schedule.load_state_dict(state["schedule"], episode)
+        self.group_task = {int(k): v for k, v in state["group_task"].items()}
+        self.schedule.load_state_dict(state["schedule"], episode, self.group_task)
         self.picker.load_state_dict(state["picker"])
         self.generator.set_state(state["generator"])
         self.issued = state["issued"]
-        self.group_task = {int(k): v for k, v in state["group_task"].items()}
-        if hasattr(self.schedule, "owner") and "owner" not in state["schedule"]:  # an older checkpoint:
-            ready = {s for s, _ in self.schedule.ready}  # the groups out are those neither consumed nor finished,
-            self.schedule.owner = {s: 0 for s in self.group_task if s not in ready}  # on a worker not recorded
         self.produced = state["produced"]
         self.restore = state["workers"]
         self.restore_board = state["board"]
