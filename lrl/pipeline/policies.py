@@ -164,7 +164,7 @@ class OldestFirst(Drop):
 
 @register_stale_policy("cut")
 class Cut(Drop):
-    """send a group at its last trainable version without its unfinished episodes, if half has finished (then drop)"""
+    """send a group at its last trainable version without its unfinished episodes, if half finished (then drop)"""
 
     def published(self, worker: Mode, version: int) -> None:
         worker.cut_stragglers(version)
@@ -181,7 +181,9 @@ class Ordered(Drop):
 
     def __init__(self, cfg=None):
         given = None if cfg is None else cfg.take_patience
-        self.patience = math.inf if given is None else float(given)  # seconds a take waits for an earlier group
+        self.patience = (
+            math.inf if given is None else float(given)
+        )  # seconds a take waits for an earlier group
         self.patience_steps: float | None = None if cfg is None else cfg.take_patience_steps
         self.deadline: float | None = None  # until when the take going on waits (time.monotonic)
 

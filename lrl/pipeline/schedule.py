@@ -56,7 +56,7 @@ class _Schedule:
 
 
 class FreeSchedule(_Schedule):
-    """Units round robin as the throttle and the workers' capacity allow; the policy chooses the finished groups."""
+    """Units round robin as the throttle and the workers' capacity allow; the policy chooses what is taken."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

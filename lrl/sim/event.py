@@ -3,8 +3,9 @@
 :class:`EventModel` holds the pipeline's state and has one method per thing that happens (the controller issues,
 a worker admits, switches or stops work, an episode ends, the trainer takes and trains); its pieces
 (:mod:`lrl.sim.event_state`) are a :class:`Worker`, the :class:`Groups` issued and not yet taken and the
-:class:`Tally` of what was trained and what was wasted. The rules are in :mod:`lrl.sim.board`'s docstring; the throttle, a worker's capacity and the
-staleness policies' names come from :mod:`lrl.pipeline.policies`, as the pipeline has them.
+:class:`Tally` of what was trained and what was wasted. The rules are in :mod:`lrl.sim.board`'s docstring; the
+throttle, a worker's capacity and the staleness policies' names come from :mod:`lrl.pipeline.policies`, as the
+pipeline has them.
 """
 
 from __future__ import annotations
@@ -39,20 +40,31 @@ class EventModel:
         self.durs, self.episodes = durs, episodes
         self.G, self.E = groups_per_batch, group_size
         self.eta = 0 if sync_before else max_staleness
-        self.train_time, self.switch_time, self.interrupt, self.steps = train_time, switch_time, interrupt, steps
+        self.train_time, self.switch_time, self.interrupt, self.steps = (
+            train_time,
+            switch_time,
+            interrupt,
+            steps,
+        )
         self.drop, self.co_run, self.trace, self.release, self.slice_s = drop, co_run, trace, release, slice_s
         self.patience = patience
         if not drop or sync_before:
-            policy = Drop.name  # the throttle alone, or the synchronous stream (nothing is stale): no policy applies
+            policy = (
+                Drop.name
+            )  # the throttle alone, or the synchronous stream (nothing is stale): no policy applies
         self.aborts, self.cuts, self.masks = (policy == p.name for p in (Abort, Cut, Mask))
-        self.order = policy if policy in (Ordered.name, OldestFirst.name) else None  # which finished groups first
+        self.order = (
+            policy if policy in (Ordered.name, OldestFirst.name) else None
+        )  # which finished groups first
         self.capacity = worker_capacity(n_slots, unit_episodes(groups_per_batch, workers, group_size))
         self.n_slots = n_slots
         self.pool = [Worker(n_slots) for _ in range(workers)]
         if self.load:
             for wk in self.pool:
                 wk.engine = LoadEngine(engine, tool_servers)
-        self.units = [list(range(w, self.G, workers)) for w in range(workers)]  # each worker's groups of a batch
+        self.units = [
+            list(range(w, self.G, workers)) for w in range(workers)
+        ]  # each worker's groups of a batch
         self.t = 0.0
         self.version = 0  # the trainer's
         self.issued_batches = 0
@@ -62,7 +74,9 @@ class EventModel:
         self.training_until: float | None = None
         self.step_ends: list[float] = []
         self.step_trained: list[int] = []
-        self.deadline: float | None = None  # until when the trainer waits for an earlier issued group (ordered)
+        self.deadline: float | None = (
+            None  # until when the trainer waits for an earlier issued group (ordered)
+        )
 
     # -- the controller -----------------------------------------------------------------------------------
     def issue(self) -> None:
@@ -144,7 +158,9 @@ class EventModel:
         else:  # an episode's unit of work, spread evenly over its time
             worker.ends[:] = [e for e in worker.ends if e[1] not in gone]
             heapq.heapify(worker.ends)
-            work = sum(min(1.0, (now - ep.start) / ep.duration) if ep.duration > 0 else 0.0 for ep in episodes)
+            work = sum(
+                min(1.0, (now - ep.start) / ep.duration) if ep.duration > 0 else 0.0 for ep in episodes
+            )
         self.tally.wasted(work)
 
     def abort_stale(self, worker: Worker, now: float) -> None:
@@ -206,8 +222,9 @@ class EventModel:
         return [finished.popleft() for _ in range(G)]
 
     def choose_ordered(self) -> list[int] | None:
-        """``ordered``: the G earliest issued, waiting up to ``patience`` s for any issued before them; then every
-        such group with at least half finished is sent without the rest, and the others are not waited for."""
+        """``ordered``: the G earliest issued, waiting up to ``patience`` s for any issued before them; then
+        every such group with at least half finished is sent without the rest, and the others are not waited
+        for."""
         groups, left = sorted(self.groups.finished)[: self.G], self.groups.left
         if left and min(left) < groups[-1]:  # an earlier group is still in flight
             if self.deadline is None:

@@ -18,7 +18,9 @@ class Episode:
     start: float
     end: float
     version: int  # the worker's weights when it started
-    switches: list[tuple[float, int]] = field(default_factory=list)  # (time, version) of each switch in flight
+    switches: list[tuple[float, int]] = field(
+        default_factory=list
+    )  # (time, version) of each switch in flight
     # the load model: its turns, the turn it is at, tokens decoded per version [(version, tokens)]
     turns: list | None = None
     turn: int = 0

@@ -92,18 +92,26 @@ class WindowedModel:
     :func:`simulate_windowed`'s, checked, the turns as a :class:`~lrl.sim.windowed_state.Workload`).
     ``run()`` -> the result's dict."""
 
-    def __init__(self, work: Workload, n_slots, group_size, groups_per_batch, train_time, switch_time, max_staleness,
-                 interrupt, steps, *, engine, workers, drop, sync_before, co_run, window_steps):  # fmt: skip
+    def __init__(self, work: Workload, n_slots, group_size, groups_per_batch, train_time, switch_time,
+                 max_staleness, interrupt, steps, *, engine, workers, drop, sync_before, co_run,
+                 window_steps):  # fmt: skip
         self.work = work
         self.n_slots, self.G, self.E = n_slots, groups_per_batch, group_size
         self.eta = 0 if sync_before else max_staleness
-        self.train_time, self.switch_time, self.interrupt, self.steps = train_time, switch_time, interrupt, steps
+        self.train_time, self.switch_time, self.interrupt, self.steps = (
+            train_time,
+            switch_time,
+            interrupt,
+            steps,
+        )
         self.engine, self.drop, self.co_run, self.window_steps = engine, drop, co_run, window_steps
         self.capacity = worker_capacity(n_slots, unit_episodes(groups_per_batch, workers, group_size))
         self.units = [np.arange(w, self.G, workers, dtype=np.int64) for w in range(workers)]
         self.pool = [Worker(n_slots) for _ in range(workers)]
         # rows: one per episode started and not yet taken by the trainer
-        self.rows = Rows(1 << max(10, int(math.ceil(math.log2((self.eta + 3) * self.G * self.E + workers * n_slots)))))
+        self.rows = Rows(
+            1 << max(10, int(math.ceil(math.log2((self.eta + 3) * self.G * self.E + workers * n_slots))))
+        )
         # groups: a ring over group ids (a group is live from its issue to its take)
         self.ring = Ring((min(steps + self.eta + 2, 64)) * self.G, self.E)
         self.version = 0
@@ -159,13 +167,13 @@ class WindowedModel:
 
     # -- the trainer --------------------------------------------------------------------------------------
     def take(self, now: float) -> None:
-        """The waiting trainer takes a batch, the oldest finished groups, as long as it can; trains it from `now`."""
+        """The waiting trainer takes batches of the oldest finished groups while it can, training from `now`."""
         while self.training_until is None and len(self.finished) >= self.G and self.version < self.steps:
             groups = np.array([self.finished.popleft() for _ in range(self.G)], dtype=np.int64)
             self.train(self.ring.close(groups % self.ring.size), now)
 
     def train(self, r: np.ndarray, now: float) -> None:
-        """The episodes of rows `r` are taken: the bound drops the stale ones, the rest are trained; the rows free."""
+        """The episodes of rows `r` are taken: the bound drops the stale ones, the rest train; the rows free."""
         rows, tokens, version = self.rows, self.tokens, self.version
         col = rows.cur_v[r] - rows.start_v[r]
         if col.max() >= rows.span:

@@ -129,13 +129,16 @@ class Workload:
         self.turn_tokens = np.array([tok for ep in episodes for tok, _ in ep], dtype=np.float64)
         self.turn_tool = np.array([tool for ep in episodes for _, tool in ep], dtype=np.float64)
         self.n_pool = len(episodes)
-        self.is_last = np.zeros(self.turn_tokens.size, dtype=bool)  # of each turn of the workload: its episode's last?
+        self.is_last = np.zeros(
+            self.turn_tokens.size, dtype=bool
+        )  # of each turn of the workload: its episode's last?
         self.is_last[self.first_turn + self.n_turns - 1] = True
 
 
 class Rows:
     """One row per episode started and not yet taken by the trainer (a free list recycles them), its columns as
-    arrays; ``tok``: its tokens per version, from the version it started on (``span`` columns, grown when needed)."""
+    arrays; ``tok``: its tokens per version, from the version it started on (``span`` columns, grown when
+    needed)."""
 
     COLUMNS = {
         "group": np.int64,
@@ -213,8 +216,8 @@ class Ring:
         """Groups issued to `worker` take their `places` (each group's ``group % size``)."""
         if (self.left[places] != -1).any():
             raise RuntimeError(
-                f"the windowed load model keeps groups of the last {self.size // per_batch} batches: a group issued "
-                "that long ago is still in flight; use the event model (simulate_board)"
+                f"the windowed load model keeps groups of the last {self.size // per_batch} batches: a group "
+                "issued that long ago is still in flight; use the event model (simulate_board)"
             )
         self.left[places] = group_size
         self.started[places] = 0

@@ -30,7 +30,14 @@ from lrl.pipeline.policies import (
 from lrl.pipeline.schedule import DeterministicSchedule, FreeSchedule
 from lrl.registry import STALENESS, RegistryError
 
-BUILT_IN = {Drop: "drop", Mask: "mask", Abort: "abort", OldestFirst: "oldest-first", Cut: "cut", Ordered: "ordered"}
+BUILT_IN = {
+    Drop: "drop",
+    Mask: "mask",
+    Abort: "abort",
+    OldestFirst: "oldest-first",
+    Cut: "cut",
+    Ordered: "ordered",
+}
 
 
 def cfg_of(**kw):
@@ -39,7 +46,14 @@ def cfg_of(**kw):
 
 
 def test_every_built_in_policy_is_registered_under_its_name_and_chosen_by_the_config():
-    assert STALE_POLICIES == ("drop", "mask", "abort", "oldest-first", "cut", "ordered")  # --stale-policy's order
+    assert STALE_POLICIES == (
+        "drop",
+        "mask",
+        "abort",
+        "oldest-first",
+        "cut",
+        "ordered",
+    )  # --stale-policy's order
     for cls, name in BUILT_IN.items():
         assert cls.name == name and STALENESS[name].factory is cls
         assert type(make_stale_policy(cfg_of(stale_policy=name))) is cls
@@ -138,7 +152,9 @@ def test_the_throttle_and_a_workers_capacity():
     assert issue_limit(0, 1) == 2 and issue_limit(5, 0) == 6  # (v + 1 + eta) batches
     assert unit_episodes(8, 3, 4) == 12  # 8 groups over 3 workers: at most 3 groups of 4
     assert unit_episodes(8, 2, 4) == 16
-    assert worker_capacity(64, 12) == 76 and worker_capacity(4, 12) == 24  # slots and a unit, at least 2 units
+    assert (
+        worker_capacity(64, 12) == 76 and worker_capacity(4, 12) == 24
+    )  # slots and a unit, at least 2 units
 
 
 def test_a_users_policy_is_registered_and_chosen_like_a_built_in_one():

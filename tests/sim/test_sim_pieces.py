@@ -182,7 +182,10 @@ def test_the_ring_seats_a_groups_episodes_in_turn_and_refuses_a_place_still_take
     assert ring.rows[1].tolist() == [10, 11] and ring.rows[2].tolist() == [20, 21]
     with pytest.raises(RuntimeError, match="still in flight"):
         ring.open(np.array([2]), 2, 0, 2)
-    assert ring.close(np.array([2, 1])).tolist() == [20, 21, 10, 11] and ring.left[[1, 2]].tolist() == [-1, -1]
+    assert ring.close(np.array([2, 1])).tolist() == [20, 21, 10, 11] and ring.left[[1, 2]].tolist() == [
+        -1,
+        -1,
+    ]
 
 
 def test_a_worker_matches_queued_episodes_to_its_free_slots_in_time():
@@ -194,5 +197,7 @@ def test_a_worker_matches_queued_episodes_to_its_free_slots_in_time():
     assert starts.tolist() == [1.0, 2.0] and groups.tolist() == [7, 7]  # the third slot frees after the limit
     assert wk.free.tolist() == [5.0] and [q[2] for q in wk.queue] == [0]
     starts, groups = wk.match(opens=0.5, limit=9.0)
-    assert starts.tolist() == [5.0] and groups.tolist() == [8] and wk.queue[0][2] == 1  # one of group 8 started
+    assert (
+        starts.tolist() == [5.0] and groups.tolist() == [8] and wk.queue[0][2] == 1
+    )  # one of group 8 started
     assert wk.match(opens=0.5, limit=9.0) is None  # no free slot

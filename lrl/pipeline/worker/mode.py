@@ -190,7 +190,8 @@ class Mode:
     def capacity(self) -> int:
         """Slots: --slots, or in lockstep the size of the worker's share of a batch."""
         cfg = self.cfg
-        return cfg.slots or unit_episodes(cfg.tasks_per_step, cfg.rollout_workers * self.worker.world, cfg.episodes_per_task)
+        workers = cfg.rollout_workers * self.worker.world
+        return cfg.slots or unit_episodes(cfg.tasks_per_step, workers, cfg.episodes_per_task)
 
     def close(self) -> None:
         if self.rollout is not None:
