@@ -2,7 +2,7 @@
 
 A policy is one class with the hooks of :class:`StalePolicy`, registered under its name
 (:func:`register_stale_policy`, the registry :data:`lrl.registry.STALENESS`), so a plugin adds one the way it adds
-a rollout backend. The pipeline's rooms call the hooks and never ask which policy they hold:
+a rollout backend. The pipeline's parts call the hooks and never ask which policy they hold:
 
 - the controller's free-running take (:class:`lrl.pipeline.schedule.FreeSchedule`) asks :meth:`~StalePolicy.choose`
   which finished groups make the batch, in what order, or whether to wait (and may ask workers to cut groups);

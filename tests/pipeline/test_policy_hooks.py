@@ -1,5 +1,5 @@
 """The staleness policies as objects (lrl.pipeline.policies): the registry has every built-in one under its name,
-each hook does what its policy says and nothing else, the rooms call the hooks (the free schedule's take, a
+each hook does what its policy says and nothing else, the pipeline calls the hooks (the free schedule's take, a
 free-running worker once per newer version it sees), and a policy of a user's own is registered and used exactly
 like a built-in one."""
 

@@ -1,4 +1,4 @@
-"""No staleness policy is chosen by its name outside its class and the registry: the pipeline's rooms call the
+"""No staleness policy is chosen by its name outside its class and the registry: the pipeline's parts call the
 policy's hooks (lrl.pipeline.policies), and a new policy is one class, not a branch in four files.
 
 The test reads every Python file of the library and the programs beside it (not the tests, which name the
