@@ -79,8 +79,9 @@ def register_stale_policy(name: str, *, uses=(), check=None, help: str = ""):
     the run's config, ``cls(cfg)``; ``uses``, ``check`` and ``help`` are as for every registry entry."""
 
     def add(cls):
+        STALENESS.register(name, uses=uses, check=check, help=help)(cls)  # raises before anything changes
         cls.name = name
-        return STALENESS.register(name, uses=uses, check=check, help=help)(cls)
+        return cls
 
     return add
 

@@ -179,6 +179,9 @@ def test_a_users_policy_is_registered_and_chosen_like_a_built_in_one():
         STALENESS.entries.pop(name, None)
     with pytest.raises(RegistryError, match="identifier"):
         register_stale_policy("-bad")(Drop)
+    with pytest.raises(RegistryError, match="registered twice"):
+        register_stale_policy("drop")(Mask)
+    assert (Drop.name, Mask.name) == ("drop", "mask")  # a refused registration renames nothing
 
 
 def test_a_free_running_worker_tells_its_policy_each_newer_version_once():
