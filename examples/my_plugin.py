@@ -1,4 +1,5 @@
-"""A user's own samplers, correction, environment and metric, outside lrl: ``--plugins my_plugin``.
+"""A user's own samplers, correction, environment, metric and staleness policy, outside lrl:
+``--plugins my_plugin``.
 
 Each registers itself with lrl when this module is imported; docs/extending.md explains them one by one.
 """
@@ -17,6 +18,7 @@ import lrl.weights
 import samplers
 from lrl.decoding import Sampling
 from lrl.envs import EnvSpec, StepResult
+from lrl.pipeline.policies import Drop, register_stale_policy
 from lrl.policy import make_policy
 from lrl.tokenizers import WordTokenizer
 from lrl.warmstart import fit_demonstrations
@@ -131,3 +133,13 @@ class SignalMonitor(L.Callback):
 def signal(cfg):
     """train/with_signal: the share of episodes with a non-zero advantage"""
     return SignalMonitor()
+
+
+# -- a staleness policy: the asynchronous pipeline's take prefers the groups that finished last ------------
+@register_stale_policy("newest-first")
+class NewestFirst(Drop):
+    """take the groups that finished last first (then drop what is past the bound)"""
+
+    def choose(self, schedule):
+        ready = schedule.ready  # finished (serial, episodes), in the order they finished
+        return list(range(len(ready)))[::-1][: schedule.groups_per_batch]

@@ -19,7 +19,7 @@ from lrl.registry import BACKENDS, CALLBACKS, CORRECTIONS, ENVS, SAMPLERS, load_
 
 ASYNC = {"pipeline": "async"}  # options of the asynchronous pipeline alone (option(..., when=ASYNC))
 # --stale-policy (lrl.pipeline.schedule, lrl.pipeline.worker)
-STALE_POLICIES = ("drop", "mask", "abort", "oldest-first", "cut", "ordered")
+from lrl.pipeline.policies import STALE_POLICIES  # noqa: E402  (the names live with their classes)
 
 
 @dataclass

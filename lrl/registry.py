@@ -1,5 +1,5 @@
 """Registries: the single source of the choices a run accepts (samplers, corrections, environments, rollout
-backends, extra callbacks).
+backends, staleness policies, extra callbacks).
 
 An entry is registered next to its own code with the config keys it reads (``uses``) and, optionally, a
 ``check(cfg) -> list[str]`` of problems specific to it. The config's validation, ``--help`` and the YAML
@@ -70,8 +70,11 @@ class Registry(Mapping):
         ``check_model(cfg, spec, model) -> list[str]``: models it cannot run (checked before the run starts);
         ``instructions``: an environment's instructions to a chat model, its system message.
         """
-        if not isinstance(name, str) or not name.isidentifier():
-            raise RegistryError(f"{self.kind} name {name!r} must be an identifier (letters, digits, _)")
+        if not isinstance(name, str) or not _is_name(name):
+            raise RegistryError(
+                f"{self.kind} name {name!r} must be an identifier (letters, digits, _), or words joined by - "
+                "(oldest-first)"
+            )
 
         def add(fn):
             if name in self.entries and self.entries[name].factory is not fn:
@@ -120,13 +123,20 @@ CORRECTIONS = Registry("correction")
 ENVS = Registry("env")
 CALLBACKS = Registry("callback")  # extra monitoring callbacks, chosen by name in the config's `callbacks`
 BACKENDS = Registry("rollout_backend")  # where the asynchronous pipeline's rollout workers run
+STALENESS = Registry("stale_policy")  # what the asynchronous pipeline does with work past its staleness bound
 # the registries a config option can be scoped to (option(..., scope=...)), by the config key that names the entry
 REGISTRIES: dict[str, Registry] = {
     "sampler": SAMPLERS,
     "correction": CORRECTIONS,
     "env": ENVS,
     "rollout_backend": BACKENDS,
+    "stale_policy": STALENESS,
 }
+
+
+def _is_name(name: str) -> bool:
+    """An identifier, or identifiers joined by single hyphens (a name a flag or a YAML value can carry)."""
+    return all(part.isidentifier() for part in name.split("-"))
 
 
 def load_builtins() -> None:
@@ -134,5 +144,6 @@ def load_builtins() -> None:
     import callbacks  # noqa: F401
     import lrl.envs  # noqa: F401
     import lrl.pipeline.backends  # noqa: F401
+    import lrl.pipeline.policies  # noqa: F401
     import lrl.weights  # noqa: F401
     import samplers  # noqa: F401

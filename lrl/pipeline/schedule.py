@@ -5,59 +5,64 @@ Both obey the **throttle**: by the time the trainer is at version ``v``, at most
 groups_per_batch`` groups have been handed out (AReaL's capacity rule, counted in episodes started), so no more
 work starts than can be trained within the bound. Both also respect each worker's **capacity**: a worker is
 sent work only while what it holds fits its slots plus one unit more, so a bound far above the run's length
-never floods a queue.
+never floods a queue (both rules: :mod:`lrl.pipeline.policies`).
 
 - :class:`FreeSchedule`: each batch's groups are split round robin into one unit per worker; the trainer takes
-  the oldest *finished* groups, whatever batch they were drawn for (``--stale-policy oldest-first``: the finished
-  groups whose oldest action token is oldest, so that those closest to the bound are trained before they pass it;
-  ``ordered``: the earliest *issued* finished groups, once no group issued before them is still out; once it
-  has waited ``--take-patience`` seconds for one, it asks the workers to send each such group with at least half
-  of it finished without the rest (:class:`~lrl.pipeline.messages.Cut`), and takes once they have answered).
+  finished groups, whatever batch they were drawn for, as the run's staleness policy chooses
+  (:meth:`lrl.pipeline.policies.StalePolicy.choose`: the oldest finished by default). A policy may ask the workers
+  to send groups without their unfinished episodes (:class:`~lrl.pipeline.messages.Cut`, ``ordered`` out of
+  patience): the schedule keeps the asks, their answers and the time they took.
 - :class:`DeterministicSchedule`: batch ``b`` goes whole to worker ``b mod W`` and starts on version
-  ``max(0, b - max_staleness)``; the trainer takes batches in order.
+  ``max(0, b - max_staleness)``; the trainer takes batches in order, whatever the policy.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 
 from lrl.pipeline.messages import BatchDone, CutDone, Group, GroupDone, Work
+from lrl.pipeline.policies import Drop, StalePolicy, issue_limit, unit_episodes, worker_capacity
 
 
 class _Schedule:
-    def __init__(self, groups_per_batch: int, episodes_per_group: int, workers: int, eta: int, slots: int):
+    def __init__(
+        self,
+        groups_per_batch: int,
+        episodes_per_group: int,
+        workers: int,
+        eta: int,
+        slots: int,
+        policy: StalePolicy | None = None,
+    ):
         self.groups_per_batch = groups_per_batch
         self.episodes_per_group = episodes_per_group
         self.workers = workers
         self.max_staleness = eta
-        self.share = -(-groups_per_batch // workers) * episodes_per_group  # episodes of a worker's unit
-        self.capacity = (
-            max(slots, self.share) + self.share
-        )  # what a worker may hold: its slots, one unit more
+        self.policy = policy if policy is not None else Drop()  # the run's staleness policy
+        self.share = unit_episodes(groups_per_batch, workers, episodes_per_group)  # episodes of a worker's unit
+        self.capacity = worker_capacity(slots, self.share)  # what a worker may hold: its slots, one unit more
         self.held = [0] * workers  # episodes each worker holds (sent, not yet back)
         self.issued_batches = 0
-        self.oldest_first = False  # take the finished groups with the oldest tokens first (--stale-policy)
-        self.ordered = False  # take the earliest issued finished groups, waiting for earlier ones (--stale-policy)
-        self.outbox: list[tuple[int, list[int]]] = []  # (worker, serials) to send a Cut to (ordered)
-        self.patience = math.inf  # seconds an ordered take waits for an earlier group (--take-patience)
-        self.patience_steps: float | None = None  # or in trainer steps (--take-patience-steps)
+        self.outbox: list[tuple[int, list[int]]] = []  # (worker, serials) to send a Cut to: the source sends them
 
     def limit(self, version: int) -> int:
         """Batches the throttle lets start by the time the trainer is at `version`."""
-        return version + 1 + self.max_staleness
+        return issue_limit(version, self.max_staleness)
+
+    def metrics(self) -> dict[str, float]:
+        """What the schedule logs with each batch."""
+        return {}
 
 
 class FreeSchedule(_Schedule):
-    """Units round robin as the throttle and the workers' capacity allow; oldest finished groups first."""
+    """Units round robin as the throttle and the workers' capacity allow; the policy chooses what is taken."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.ready: deque[tuple[int, list]] = deque()  # finished (serial, episodes), oldest finished first
         self.seconds: dict[int, float] = {}  # serial -> its generation time
         self.owner: dict[int, int] = {}  # serial -> the worker it was sent to, while its group is out
-        self.deadline: float | None = None  # until when an ordered take waits (time.monotonic)
         self.cutting: set[int] | None = None  # serials asked to be cut, not answered yet (None: none asked)
         self.cut_asked = 0.0  # when the Cut of the wait going on was asked (time.monotonic)
         self.cut_wait = 0.0  # seconds from asking a Cut to its last answer, summed since the last step's report
@@ -93,61 +98,42 @@ class FreeSchedule(_Schedule):
             self.held[message.worker] -= self.episodes_per_group  # the whole group, cut episodes included
 
     def take(self) -> list[tuple[int, list]] | None:
-        """The batch's groups, once enough have finished -> [(serial, episodes)], or None (not yet): the oldest
-        finished, or with ``oldest_first`` the ones whose oldest action token is oldest (closest to the bound,
-        or past it), in the order they finished among equals."""
+        """The batch's groups, once enough have finished -> [(serial, episodes)], or None (not yet): those the
+        policy chooses, in its order (:meth:`lrl.pipeline.policies.StalePolicy.choose`)."""
         if len(self.ready) < self.groups_per_batch:
             return None
-        if self.ordered:
-            return self._take_ordered()
-        if not self.oldest_first:
-            return [self.ready.popleft() for _ in range(self.groups_per_batch)]
-        ranked = sorted(range(len(self.ready)), key=lambda i: (oldest_tag(self.ready[i][1]), i))
-        chosen = set(ranked[: self.groups_per_batch])
-        taken = [g for i, g in enumerate(self.ready) if i in chosen]
+        positions = self.policy.choose(self)
+        if positions is None:
+            return None
+        chosen = set(positions)
+        taken = [self.ready[i] for i in positions]
         self.ready = deque(g for i, g in enumerate(self.ready) if i not in chosen)
-        return sorted(taken, key=lambda g: oldest_tag(g[1]))
+        return taken
 
-    def _take_ordered(self) -> list[tuple[int, list]] | None:
-        """``ordered``: the G earliest issued finished groups, in serial order, once no group issued before the
-        last of them is still out. After ``patience`` seconds of waiting for one, the workers are asked to cut
-        every such group (``outbox``: the source sends the Cut messages), and the take waits for their answers
-        (the group, sent without its unfinished episodes, or a refusal), then takes without what is still out."""
-        if self.cutting is None:
-            ranked = self._ranked()
-            last = self.ready[ranked[-1]][0]
-            earlier = sorted(s for s in self.owner if s < last)
-            if earlier:
-                now = time.monotonic()
-                if self.deadline is None:
-                    self.deadline = now + self.patience
-                if now < self.deadline:
-                    return None
-                self.cutting = set(earlier)
-                self.cut_asked = now
-                by_worker: dict[int, list[int]] = {}
-                for serial in earlier:
-                    by_worker.setdefault(self.owner[serial], []).append(serial)
-                self.outbox.extend(sorted(by_worker.items()))
-                return None
-        elif self.cutting:
-            return None  # answers still to come
-        else:
-            self.cut_wait += time.monotonic() - self.cut_asked
-        self.deadline = self.cutting = None
-        chosen = set(self._ranked())
-        taken = [g for i, g in enumerate(self.ready) if i in chosen]
-        self.ready = deque(g for i, g in enumerate(self.ready) if i not in chosen)
-        return sorted(taken, key=lambda g: g[0])
+    def ask_cut(self, serials: list[int], now: float) -> None:
+        """Ask the workers holding `serials` to send each without its unfinished episodes (``outbox``: the source
+        sends the Cut messages); the asks are open (``cutting``) until every one is answered."""
+        self.cutting = set(serials)
+        self.cut_asked = now
+        by_worker: dict[int, list[int]] = {}
+        for serial in serials:
+            by_worker.setdefault(self.owner[serial], []).append(serial)
+        self.outbox.extend(sorted(by_worker.items()))
+
+    def cuts_answered(self) -> None:
+        """Every ask is answered: count the time it took, and close it."""
+        self.cut_wait += time.monotonic() - self.cut_asked
+        self.cutting = None
+
+    def metrics(self) -> dict[str, float]:
+        """The seconds the workers took to answer asks to cut since the last batch (0.0 without one)."""
+        waited, self.cut_wait = self.cut_wait, 0.0
+        return {"pipeline/cut_wait": waited}
 
     @property
     def flying(self) -> set[int]:
         """The serials issued whose group has not come back."""
         return set(self.owner)
-
-    def _ranked(self) -> list[int]:
-        """Positions in ``ready`` of the G earliest issued finished groups."""
-        return sorted(range(len(self.ready)), key=lambda i: self.ready[i][0])[: self.groups_per_batch]
 
     @property
     def queued(self) -> int:
@@ -162,22 +148,27 @@ class FreeSchedule(_Schedule):
             "owner": {int(k): v for k, v in self.owner.items()},
         }
 
-    def load_state_dict(self, state: dict, episode) -> None:
+    def load_state_dict(self, state: dict, episode, unconsumed=()) -> None:
+        """`episode(saved)` makes an episode of its saved state; `unconsumed`: the serials issued and not trained
+        yet (the source's ledger), for a checkpoint from before the groups out were kept."""
         self.ready = deque((s, [episode(e) for e in eps]) for s, eps in state["ready"])
         self.seconds = {int(k): v for k, v in state["seconds"].items()}
         self.held = list(state["held"])
         self.issued_batches = state["issued_batches"]
-        # a checkpoint from before it was kept: lrl.pipeline.source rebuilds it
-        self.owner = {int(k): v for k, v in state.get("owner", {}).items()}
-        self.deadline = self.cutting = None  # a wait begins again after a resume
+        if "owner" in state:
+            self.owner = {int(k): v for k, v in state["owner"].items()}
+        else:  # the groups out are those neither consumed nor finished, on a worker not recorded
+            ready = {s for s, _ in self.ready}
+            self.owner = {s: 0 for s in unconsumed if s not in ready}
+        self.cutting = None  # a wait begins again after a resume
         self.outbox = []
 
 
 class DeterministicSchedule(_Schedule):
     """Batch b whole to worker b mod W, on version max(0, b - eta); batches taken in order."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.capacity = (
             2 * self.groups_per_batch * self.episodes_per_group
         )  # the batch being generated and the next one
@@ -223,7 +214,7 @@ class DeterministicSchedule(_Schedule):
             "taken": self.taken,
         }
 
-    def load_state_dict(self, state: dict, episode) -> None:
+    def load_state_dict(self, state: dict, episode, unconsumed=()) -> None:
         self.batches = {
             int(b): {int(s): [episode(e) for e in eps] for s, eps in g.items()}
             for b, g in state["batches"].items()
@@ -234,22 +225,12 @@ class DeterministicSchedule(_Schedule):
         self.taken = state["taken"]
 
 
-def oldest_tag(episodes: list) -> int:
-    """The version of a group's oldest action token (a group without one sorts last)."""
-    return min((v for e in episodes for v, g in zip(e.version, e.generated) if g), default=1 << 62)
-
-
-def make_schedule(cfg, groups_per_batch: int):
-    """The controller's policy for a config."""
-    policy = DeterministicSchedule if cfg.deterministic else FreeSchedule
-    schedule = policy(
-        groups_per_batch, cfg.episodes_per_task, cfg.rollout_workers, cfg.max_staleness, cfg.slots
+def make_schedule(cfg, groups_per_batch: int, policy: StalePolicy | None = None):
+    """The controller's schedule for a config, taking finished groups as `policy` chooses (default: drop's)."""
+    kind = DeterministicSchedule if cfg.deterministic else FreeSchedule
+    return kind(
+        groups_per_batch, cfg.episodes_per_task, cfg.rollout_workers, cfg.max_staleness, cfg.slots, policy
     )
-    schedule.oldest_first = cfg.staleness_drop and cfg.stale_policy == "oldest-first"
-    schedule.ordered = cfg.staleness_drop and cfg.stale_policy == "ordered"
-    schedule.patience = math.inf if cfg.take_patience is None else float(cfg.take_patience)
-    schedule.patience_steps = cfg.take_patience_steps  # trainer steps: the source sets `patience` from them
-    return schedule
 
 
 __all__ = ["DeterministicSchedule", "FreeSchedule", "Group", "make_schedule"]

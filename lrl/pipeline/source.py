@@ -8,7 +8,9 @@ twice, as AReaL and prime-rl do (docs/pipeline.md):
 - **throttle**: no more groups are started than can be trained within the bound (the schedule);
 - **consumer**: an episode whose oldest action token is more than ``max_staleness`` versions behind the trainer
   is dropped, counted, its length logged and its id recorded, so the bound holds for every trained token.
-  ``--staleness-drop false`` turns this off: the throttle alone bounds the work, and the oldest data may be older.
+  The run's staleness policy (:mod:`lrl.pipeline.policies`) judges each episode taken (keep, mask its over-stale
+  tokens, drop) and chooses the groups taken; ``--staleness-drop false`` (the policy ``none``) keeps every
+  episode: the throttle alone bounds the work, and the oldest data may be older.
 
 Every episode has an id ``"<rank>:<serial>"`` (serials in the order episodes were started); each step reports the
 ids it trained and dropped, and a checkpoint holds the finished groups not yet trained, every worker's in-flight
@@ -17,7 +19,6 @@ episodes and the ledger, all as plain data (it loads with ``torch.load(weights_o
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 
@@ -27,6 +28,7 @@ from lrl.batch import Batch
 from lrl.pipeline.backends import make_workers
 from lrl.pipeline.messages import BatchDone, Beat, Cut, Group, GroupDone, Pause, Paused, Resume, Setup
 from lrl.pipeline.metrics import StepWindow, delta, pipeline_metrics
+from lrl.pipeline.policies import Verdict, make_stale_policy
 from lrl.pipeline.schedule import make_schedule
 from lrl.sources.base import TaskPicker, rank_seed, score_batch
 
@@ -52,7 +54,8 @@ class AsyncSource:
         self.board = self.workers.make_board(policy, 0, self.max_staleness + 2 if cfg.deterministic else 1)
         self.model_class = type(policy)
         self.model_config = policy.config
-        self.schedule = make_schedule(cfg, self.groups_per_batch)
+        self.stale = make_stale_policy(cfg)  # what happens to work past the bound (--stale-policy)
+        self.schedule = make_schedule(cfg, self.groups_per_batch, self.stale)
         self.issued = 0  # groups handed out so far (serials 0 .. issued - 1)
         self.group_task: dict[int, int] = {}  # serial -> task position, for groups not consumed yet
         self.produced = 0
@@ -79,7 +82,7 @@ class AsyncSource:
         self.groups_per_batch = self.cfg.tasks_per_step // world_size
         self.picker.per_step = self.groups_per_batch
         self.generator.manual_seed(rank_seed(self.cfg.seed, rank))
-        self.schedule = make_schedule(self.cfg, self.groups_per_batch)
+        self.schedule = make_schedule(self.cfg, self.groups_per_batch, self.stale)
 
     def setup(self, policy, version: int) -> None:
         """Publish the starting weights (and, resuming a deterministic run, the older ones it may still need),
@@ -170,16 +173,14 @@ class AsyncSource:
         start = time.perf_counter()
         if self._handed_at is not None:  # the trainer's step since the last batch: update, sync, logging
             self.trainer_seconds.append(start - self._handed_at)
-        steps = self.schedule.patience_steps
-        if steps is not None:  # ordered's patience in trainer steps: seconds from the steps measured so far
-            self.schedule.patience = patience_seconds(steps, self.trainer_seconds)
+        self.stale.measured(self.trainer_seconds)
         while True:
             self.schedule.issue(version, self._new_groups, self.workers.send)
             self._drain()
             at_take = self.schedule.queued  # episodes finished and waiting: what the take chooses among
             groups = self.schedule.take()
             if groups is None:
-                for w, serials in self.schedule.outbox:  # ordered, out of patience: cut what it waits for
+                for w, serials in self.schedule.outbox:  # the policy asks to cut what it waits for
                     self.workers.send(w, Cut(serials))
                 self.schedule.outbox.clear()
                 self._receive()
@@ -197,13 +198,8 @@ class AsyncSource:
             ]
         batch["pipeline"] = info.pop("metrics")
         batch["pipeline"]["pipeline/queue_depth_at_take"] = float(at_take)
-        if hasattr(self.schedule, "cut_wait"):
-            # ordered, out of patience: how long the workers took to answer
-            batch["pipeline"]["pipeline/cut_wait"] = self.schedule.cut_wait
-            self.schedule.cut_wait = 0.0
-        if steps is not None and math.isfinite(self.schedule.patience):
-            # the patience this take had, in seconds
-            batch["pipeline"]["pipeline/take_patience"] = self.schedule.patience
+        batch["pipeline"].update(self.schedule.metrics())  # how long the workers took to answer asks to cut
+        batch["pipeline"].update(self.stale.metrics())
         batch["ledger"] = info
         batch["index"] = torch.tensor(self.produced)
         batch["sample_time"] = torch.tensor(time.perf_counter() - start)
@@ -212,13 +208,12 @@ class AsyncSource:
         return batch
 
     def _assemble(self, groups: list, version: int, waited: float) -> tuple[Batch | None, dict]:
-        """Apply the staleness policy to the groups taken (drop the episodes past the bound, or mask their
-        over-stale tokens), collate the rest, score groups; the step's ledger and metrics. Groups whose every
-        episode was dropped make no batch (None): what they were is carried into the next one's ledger."""
-        policy = self.cfg.stale_policy if self.cfg.staleness_drop else None
+        """Apply the staleness policy's verdict to each episode taken (keep it, mask its over-stale tokens, or
+        drop it), collate the rest, score groups; the step's ledger and metrics. Groups whose every episode was
+        dropped make no batch (None): what they were is carried into the next one's ledger."""
         oldest = version - self.max_staleness  # the oldest version a trained token may have
         carry = self._carry
-        kept, trained_ids = [], []
+        kept, trained_ids, masking = [], [], []  # masking: each kept episode's verdict is MASK
         for serial, episodes in groups:
             self.group_task.pop(serial, None)
             carry["seconds"].append(self.schedule.seconds.pop(serial, float("nan")))
@@ -230,19 +225,23 @@ class AsyncSource:
                 eid = f"{self.rank}:{serial * self.episodes_per_group + position(episode, k)}"
                 tags = [v for v, g in zip(episode.version, episode.generated) if g]
                 carry["decoded"] += len(tags)
-                if policy not in (None, "mask") and tags and min(tags) < oldest:
+                verdict = self.stale.verdict(tags, oldest)
+                if verdict is Verdict.DROP:
                     carry["dropped_ids"].append(eid)
                     carry["dropped_lengths"].append(len(episode.ids))
                     carry["dropped_tokens"] += len(tags)
                     continue
                 kept.append(episode)
                 trained_ids.append(eid)
+                masking.append(verdict is Verdict.MASK)
         if not kept:
             return None, {}
         self._carry = self._fresh_carry()
-        limit = oldest if policy == "mask" else -1  # masked tokens are not trained: not counted
-        staleness = [
-            version - v for e in kept for v, g in zip(e.version, e.generated) if g and v >= limit
+        staleness = [  # masked tokens are not trained: not counted
+            version - v
+            for e, masks in zip(kept, masking)
+            for v, g in zip(e.version, e.generated)
+            if g and (v >= oldest or not masks)
         ]
         dropped_lengths = carry["dropped_lengths"]
         info = {
@@ -259,8 +258,9 @@ class AsyncSource:
         info["pipeline/occupancy"] = self._timeline
         batch = score_batch(kept, self.spec, self.cfg)
         masked = 0.0
-        if policy == "mask":  # over-stale action tokens get no gradient; the advantage is the whole episode's
-            over = (batch["action_mask"] > 0) & (batch["version"] < oldest)
+        if any(masking):  # over-stale action tokens get no gradient; the advantage is the whole episode's
+            rows = torch.tensor(masking).unsqueeze(1)  # [B, 1]: the episodes masked
+            over = (batch["action_mask"] > 0) & (batch["version"] < oldest) & rows
             batch["action_mask"] = batch["action_mask"] * (~over).float()
             masked = float(over.sum())
         metrics = info["metrics"]
@@ -325,14 +325,11 @@ class AsyncSource:
         def episode(saved: dict):
             return Episode.from_state(saved, self.picker.by_id(saved["task_id"]))
 
-        self.schedule.load_state_dict(state["schedule"], episode)
+        self.group_task = {int(k): v for k, v in state["group_task"].items()}
+        self.schedule.load_state_dict(state["schedule"], episode, self.group_task)
         self.picker.load_state_dict(state["picker"])
         self.generator.set_state(state["generator"])
         self.issued = state["issued"]
-        self.group_task = {int(k): v for k, v in state["group_task"].items()}
-        if hasattr(self.schedule, "owner") and "owner" not in state["schedule"]:  # an older checkpoint:
-            ready = {s for s, _ in self.schedule.ready}  # the groups out are those neither consumed nor finished,
-            self.schedule.owner = {s: 0 for s in self.group_task if s not in ready}  # on a worker not recorded
         self.produced = state["produced"]
         self.restore = state["workers"]
         self.restore_board = state["board"]
@@ -342,13 +339,6 @@ class AsyncSource:
 
     def load_weights_state(self, state: dict) -> None:
         self.version = state["version"]
-
-
-def patience_seconds(steps: float, trainer_seconds) -> float:
-    """``--take-patience-steps``: `steps` times the median of the trainer's measured step times (the upper
-    median of an even count); inf while none is measured."""
-    measured = sorted(trainer_seconds)
-    return steps * measured[len(measured) // 2] if measured else math.inf
 
 
 def position(episode, k: int) -> int:

@@ -165,16 +165,16 @@ def plan_turns(
     throttle alone and ``drop``, tools at once) or ``auto`` (windowed from WINDOWED_FROM slots a worker where it
     applies, else event). `progress(done, total,
     row)`, if given, is called after each row."""
-    from lrl.sim.board import POLICIES, Steps, simulate_board
+    from lrl.pipeline.policies import STALE_POLICIES, Drop, Ordered
+    from lrl.sim.board import Steps, simulate_board
     from lrl.sim.windowed import simulate_windowed
 
     if model not in MODELS:
         raise ValueError(f"model: one of {MODELS}")
 
-    choosable = [x for x in POLICIES if x != "pace"]  # lrl's --stale-policy; pace is the simulator's alone
-    unknown = [x for x in policies or [] if x not in choosable]
+    unknown = [x for x in policies or [] if x not in STALE_POLICIES]  # lrl's --stale-policy
     if unknown:
-        raise ValueError(f"unknown staleness policy {unknown}: choose from {choosable}")
+        raise ValueError(f"unknown staleness policy {unknown}: choose from {list(STALE_POLICIES)}")
 
     s = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
     curve = engine or trace.engine
@@ -194,7 +194,7 @@ def plan_turns(
     variants = []  # (policy, its patience: seconds, or a Steps in trainer steps)
     for policy in policies or [None]:
         waits = [*(patience or []), *(Steps(k) for k in patience_steps or [])]
-        waits = (waits or [None]) if policy == "ordered" else [None]
+        waits = (waits or [None]) if policy == Ordered.name else [None]
         variants += [(policy, w) for w in waits]
     for k in bounds:
         for policy, wait in variants:
@@ -206,7 +206,7 @@ def plan_turns(
     total = len(slots) * len(designs)
     for n in slots:
         for name, eta, interrupt, sync, policy, wait in designs:
-            windowed = policy in (None, "drop") and servers is None  # what the windowed model covers
+            windowed = policy in (None, Drop.name) and servers is None  # what the windowed model covers
             if model == "windowed" and not windowed:
                 raise ValueError(
                     "the windowed model covers the throttle alone and --stale-policy drop with tools at once; "
@@ -227,7 +227,7 @@ def plan_turns(
             else:
                 r = simulate_board(
                     None, *common, drop=policy is not None, sync_before=sync, workers=workers,
-                    turns=trace.episodes, engine=curve, co_run=1.0 if sync else co, policy=policy or "drop",
+                    turns=trace.episodes, engine=curve, co_run=1.0 if sync else co, policy=policy or Drop.name,
                     tool_servers=servers, patience=math.inf if wait is None or isinstance(wait, Steps) else wait,
                     patience_steps=float(wait) if isinstance(wait, Steps) else None,
                 )  # fmt: skip

@@ -23,93 +23,24 @@ last of its groups finished. What a window leaves out:
 
 Supported: the ``drop`` policy and the throttle alone (``drop=False``), any number of workers, interrupt and
 drain, the synchronous stream; not the other staleness policies, tool pools or an occupancy trace (the event
-model has them). :func:`simulate_windowed` checks that and says so. Against the event model at 256-4,096 slots
-it agrees within the tolerances its tests assert (tests/sim/test_windowed.py); bench/bench_simulate.py times
-both.
+model has them). :func:`simulate_windowed` checks that and says so, and runs :class:`WindowedModel` (its pieces,
+on arrays: :mod:`lrl.sim.windowed_state`). Against the event model at 256-4,096 slots it agrees within the
+tolerances its tests assert (tests/sim/test_windowed.py); bench/bench_simulate.py times both.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 
 import numpy as np
 
+from lrl.pipeline.policies import issue_limit, unit_episodes, worker_capacity
 from lrl.sim.load import EngineCurve, parse_turns
+from lrl.sim.windowed_state import INF, Ring, Rows, Worker, Workload, add_counts
 
-INF = math.inf
 # of the sequences decoding, about this share end their action within a window (by default)
 WINDOW_SHARE = 0.025
-
-
-class _Chunks:
-    """Pending (key, row) pairs, as sorted chunks in a heap: push a batch, pop every pair with key <= a limit."""
-
-    __slots__ = ("heap", "seq")
-
-    def __init__(self):
-        self.heap: list = []
-        self.seq = 0
-
-    def push(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        if keys.size == 0:
-            return
-        order = np.argsort(keys)
-        keys, rows = keys[order], rows[order]
-        self.seq += 1
-        heapq.heappush(self.heap, (float(keys[0]), self.seq, keys, rows))
-
-    def first(self) -> float:
-        return self.heap[0][0] if self.heap else INF
-
-    def pop(self, limit: float) -> tuple[np.ndarray, np.ndarray]:
-        keys, rows = [], []
-        heap = self.heap
-        while heap and heap[0][0] <= limit:
-            _, seq, k, r = heapq.heappop(heap)
-            n = int(np.searchsorted(k, limit, side="right"))
-            keys.append(k[:n])
-            rows.append(r[:n])
-            if n < k.size:
-                heapq.heappush(heap, (float(k[n]), seq, k[n:], r[n:]))
-        if not keys:
-            return _EMPTY_F, _EMPTY_I
-        if len(keys) == 1:
-            return keys[0], rows[0]
-        return np.concatenate(keys), np.concatenate(rows)
-
-
-_EMPTY_F = np.zeros(0)
-_EMPTY_I = np.zeros(0, dtype=np.int64)
-
-
-class _Worker:
-    __slots__ = ("version", "paused_until", "steps", "sec", "t0", "dec", "tool", "ndec", "ntool", "held",
-                 "queue", "free")  # fmt: skip
-
-    def __init__(self, slots: int):
-        self.version = 0
-        self.paused_until = -INF
-        self.steps = 0.0  # engine steps so far (fluid)
-        self.sec = 0.0  # seconds of an engine step in the window going on (0: not decoding, or paused)
-        self.t0 = 0.0  # the window's start
-        self.dec = _Chunks()  # decoding rows, by the step count at which their action is complete
-        self.tool = _Chunks()  # rows waiting for a tool, by the time it answers
-        self.ndec = 0
-        self.ntool = 0
-        self.held = 0  # episodes issued whose group has not finished
-        self.queue: deque = deque()  # [time issued, group ids (one per episode), next position]
-        self.free = np.zeros(slots)  # times from which each free slot is free, ascending
-
-    def at(self, times: np.ndarray) -> np.ndarray:
-        """Engine steps at `times` within the window (paused or not decoding: the steps at its start)."""
-        if self.sec > 0:
-            return self.steps + (times - self.t0) / self.sec
-        return np.full(times.shape, self.steps)
-
-    def running(self) -> int:
-        return self.ndec + self.ntool
 
 
 def simulate_windowed(
@@ -149,234 +80,158 @@ def simulate_windowed(
         raise ValueError("co_run: a slowdown >= 1")
     if n_slots < 1 or group_size < 1 or groups_per_batch < 1 or workers < 1:
         raise ValueError("slots, group size, groups per batch and workers must be >= 1")
-    n_turns = np.array([len(ep) for ep in episodes], dtype=np.int64)
-    first_turn = np.concatenate([[0], np.cumsum(n_turns)[:-1]])
-    turn_tokens = np.array([tok for ep in episodes for tok, _ in ep], dtype=np.float64)
-    turn_tool = np.array([tool for ep in episodes for _, tool in ep], dtype=np.float64)
-    n_pool = len(episodes)
-    is_last = np.zeros(turn_tokens.size, dtype=bool)  # of each turn of the workload: its episode's last?
-    is_last[first_turn + n_turns - 1] = True
+    return WindowedModel(
+        Workload(episodes), n_slots, group_size, groups_per_batch, train_time, switch_time, max_staleness,
+        interrupt, steps, engine=engine, workers=workers, drop=drop, sync_before=sync_before, co_run=co_run,
+        window_steps=window_steps,
+    ).run()  # fmt: skip
 
-    G, E = groups_per_batch, group_size
-    eta = 0 if sync_before else max_staleness
-    share = -(-G // workers) * E
-    capacity = max(n_slots, share) + share
-    units = [np.arange(w, G, workers, dtype=np.int64) for w in range(workers)]
-    pool = [_Worker(n_slots) for _ in range(workers)]
 
-    # rows: one per episode started and not yet taken by the trainer (a free list recycles them)
-    rows = 1 << max(10, int(math.ceil(math.log2((eta + 3) * G * E + workers * n_slots))))
-    span = 2  # columns of tokens per version, from the version an episode started on; grows when needed
-    R = {
-        "group": np.zeros(rows, dtype=np.int64),
-        "start_v": np.zeros(rows, dtype=np.int64),
-        "cur_v": np.zeros(rows, dtype=np.int64),
-        "turn": np.zeros(rows, dtype=np.int64),  # the turn it is at, as a place in the pool's flat turns
-        # tokens of its current version not yet in `tok`: an action's whole count from its start (what a switch
-        # finds undecoded moves to the new version)
-        "cur_tok": np.zeros(rows),
-        "start": np.zeros(rows),
-        "dur": np.zeros(rows),  # from its start to its end
-    }
-    tok = np.zeros((rows, span))
-    free_rows_arr = np.arange(rows - 1, -1, -1, dtype=np.int64)
-    free_top = rows  # free_rows_arr[:free_top] are free (a stack)
+class WindowedModel:
+    """lrl's pipeline under the load model, in windows (see the module docstring; the arguments are
+    :func:`simulate_windowed`'s, checked, the turns as a :class:`~lrl.sim.windowed_state.Workload`).
+    ``run()`` -> the result's dict."""
 
-    # groups: a ring over group ids (a group is live from its issue to its take)
-    ring = (min(steps + eta + 2, 64)) * G
-    g_left = np.full(ring, -1, dtype=np.int64)  # episodes not finished (-1: the ring place is free)
-    g_started = np.zeros(ring, dtype=np.int64)
-    g_rows = np.zeros((ring, E), dtype=np.int64)
-    g_worker = np.zeros(ring, dtype=np.int64)
+    def __init__(self, work: Workload, n_slots, group_size, groups_per_batch, train_time, switch_time,
+                 max_staleness, interrupt, steps, *, engine, workers, drop, sync_before, co_run,
+                 window_steps):  # fmt: skip
+        self.work = work
+        self.n_slots, self.G, self.E = n_slots, groups_per_batch, group_size
+        self.eta = 0 if sync_before else max_staleness
+        self.train_time, self.switch_time, self.interrupt, self.steps = (
+            train_time,
+            switch_time,
+            interrupt,
+            steps,
+        )
+        self.engine, self.drop, self.co_run, self.window_steps = engine, drop, co_run, window_steps
+        self.capacity = worker_capacity(n_slots, unit_episodes(groups_per_batch, workers, group_size))
+        self.units = [np.arange(w, self.G, workers, dtype=np.int64) for w in range(workers)]
+        self.pool = [Worker(n_slots) for _ in range(workers)]
+        # rows: one per episode started and not yet taken by the trainer
+        self.rows = Rows(
+            1 << max(10, int(math.ceil(math.log2((self.eta + 3) * self.G * self.E + workers * n_slots))))
+        )
+        # groups: a ring over group ids (a group is live from its issue to its take)
+        self.ring = Ring((min(steps + self.eta + 2, 64)) * self.G, self.E)
+        self.version = 0
+        self.issued = 0
+        self.started = 0
+        self.training_until: float | None = None
+        self.trained = self.dropped = 0
+        self.trained_seconds = self.launched = 0.0
+        self.n_launched = 0
+        self.tokens = {"decoded": 0.0, "wasted": 0.0, "masked": 0.0}
+        self.finished: deque[int] = deque()  # finished groups, in the order they finished
+        self.step_ends: list[float] = []
+        self.step_trained: list[int] = []
+        self.hist = np.zeros(0)
+        self.ep_hist = np.zeros(0, dtype=np.int64)
 
-    st = {
-        "version": 0, "issued": 0, "started": 0, "training_until": None, "trained": 0, "dropped": 0,
-        "trained_seconds": 0.0, "launched": 0.0, "n_launched": 0,
-    }  # fmt: skip
-    tokens = {"decoded": 0.0, "wasted": 0.0, "masked": 0.0}
-    finished: deque[int] = deque()  # finished groups, in the order they finished
-    step_ends: list[float] = []
-    step_trained: list[int] = []
-    hist = np.zeros(0)
-    ep_hist = np.zeros(0, dtype=np.int64)
-
-    def take_rows(k: int) -> np.ndarray:
-        nonlocal free_top, rows, tok, free_rows_arr
-        if k > free_top:  # more episodes alive than planned: grow every row array
-            grow = max(k - free_top, rows)
-            for key, arr in R.items():
-                R[key] = np.concatenate([arr, np.zeros(grow, dtype=arr.dtype)])
-            tok = np.concatenate([tok, np.zeros((grow, tok.shape[1]))])
-            free_rows_arr = np.concatenate(
-                [np.arange(rows + grow - 1, rows - 1, -1), free_rows_arr[:free_top]]
-            )
-            free_top += grow
-            rows += grow
-        out = free_rows_arr[free_top - k : free_top].copy()
-        free_top -= k
-        return out
-
-    def give_rows(r: np.ndarray) -> None:
-        nonlocal free_top, free_rows_arr
-        if free_top + r.size > free_rows_arr.size:
-            free_rows_arr = np.concatenate([free_rows_arr, np.zeros(r.size, dtype=np.int64)])
-        free_rows_arr[free_top : free_top + r.size] = r
-        free_top += r.size
-
-    def grow_span(columns: int) -> None:
-        nonlocal tok, span
-        tok = np.concatenate([tok, np.zeros((tok.shape[0], columns - span))], axis=1)
-        span = columns
-
-    def flush(r: np.ndarray) -> None:
-        """Rows `r` (distinct) put the tokens of their current version in its column of `tok`."""
-        amount = R["cur_tok"][r]
-        on = amount > 0
-        r, amount = r[on], amount[on]
-        R["cur_tok"][r] = 0.0
-        col = R["cur_v"][r] - R["start_v"][r]
-        if col.size and col.max() >= span:
-            grow_span(int(col.max()) + 1)
-        tok[r, col] += amount  # the rows of one call are distinct
-
-    def begin(wk: _Worker, r: np.ndarray, at: np.ndarray) -> None:
+    # -- the episodes' turns ------------------------------------------------------------------------------
+    def begin(self, wk: Worker, r: np.ndarray, at: np.ndarray) -> None:
         """Rows `r` begin their current turn at times `at`: decode its action, or (no tokens) call its tool."""
-        idx = R["turn"][r]
-        n = turn_tokens[idx]
+        rows, work = self.rows, self.work
+        idx = rows.turn[r]
+        n = work.turn_tokens[idx]
         zero = n == 0
         if zero.any():
-            to_tool(wk, r[zero], at[zero] + turn_tool[idx[zero]])
+            wk.wait_tool(r[zero], at[zero] + work.turn_tool[idx[zero]])
             r, at, n = r[~zero], at[~zero], n[~zero]
         if r.size:
-            moved = R["cur_v"][r] != wk.version
+            moved = rows.cur_v[r] != wk.version
             if moved.any():  # a switch came while it waited for a tool: its next action has the new weights
-                flush(r[moved])
-                R["cur_v"][r] = wk.version
+                rows.flush(r[moved])
+                rows.cur_v[r] = wk.version
             began = wk.at(at)
-            R["cur_tok"][r] += n
+            rows.cur_tok[r] += n
             wk.dec.push(began + n, r)
             wk.ndec += r.size
 
-    def to_tool(wk: _Worker, r: np.ndarray, answers: np.ndarray) -> None:
-        wk.tool.push(answers, r)
-        wk.ntool += r.size
-
-    def issue(now: float) -> None:
-        while st["issued"] < st["version"] + 1 + eta:
-            if any(pool[w].held + u.size * E > capacity for w, u in enumerate(units) if u.size):
+    # -- the controller -----------------------------------------------------------------------------------
+    def issue(self, now: float) -> None:
+        """Hand out every batch the throttle allows, while every worker has room for its unit."""
+        pool, ring, G, E = self.pool, self.ring, self.G, self.E
+        while self.issued < issue_limit(self.version, self.eta):
+            if any(pool[w].held + u.size * E > self.capacity for w, u in enumerate(self.units) if u.size):
                 return
-            base = st["issued"] * G
-            for w, unit in enumerate(units):
+            base = self.issued * G
+            for w, unit in enumerate(self.units):
                 if not unit.size:
                     continue
                 groups = base + unit
-                places = groups % ring
-                if (g_left[places] != -1).any():
-                    raise RuntimeError(
-                        f"the windowed load model keeps groups of the last {ring // G} batches: a group issued "
-                        "that long ago is still in flight; use the event model (simulate_board)"
-                    )
-                g_left[places] = E
-                g_started[places] = 0
-                g_worker[places] = w
+                ring.open(groups % ring.size, E, w, G)
                 pool[w].queue.append([now, np.repeat(groups, E), 0])
                 pool[w].held += unit.size * E
-            st["issued"] += 1
+            self.issued += 1
 
-    def take(now: float) -> None:
-        nonlocal hist, ep_hist
-        while st["training_until"] is None and len(finished) >= G and st["version"] < steps:
-            groups = np.array([finished.popleft() for _ in range(G)], dtype=np.int64)
-            places = groups % ring
-            r = g_rows[places].ravel()
-            g_left[places] = -1
-            version = st["version"]
-            col = R["cur_v"][r] - R["start_v"][r]
-            if col.max() >= span:
-                grow_span(int(col.max()) + 1)
-            amounts = tok[r]  # tokens per version from the one each started on, the current version's added
-            amounts[np.arange(r.size), col] += R["cur_tok"][r]
-            work = amounts.sum(axis=1)
-            tokens["decoded"] += float(work.sum())
-            start_v = R["start_v"][r]
-            keep = None
-            if drop:
-                keep = version - start_v <= eta
-                st["dropped"] += int(r.size - np.count_nonzero(keep))
-                tokens["wasted"] += float(work.sum() - work[keep].sum())
-                if keep.all():
-                    keep = None
-            n_kept = r.size if keep is None else int(np.count_nonzero(keep))
-            if n_kept:
-                st["trained"] += n_kept
-                dur = R["dur"][r]
-                st["trained_seconds"] += float(dur.sum() if keep is None else dur[keep].sum())
-                ages = version - start_v
-                ep_hist = _add_counts(ep_hist, np.bincount(ages if keep is None else ages[keep]))
-                for c in range(amounts.shape[1]):  # tokens of the version `c` after the one started on
-                    w = amounts[:, c]
-                    on = np.flatnonzero(w if keep is None else w * keep)
-                    if on.size:
-                        hist = _add_counts(hist, np.bincount(ages[on] - c, weights=w[on]))
-                step_trained.append(n_kept)
-                st["training_until"] = now + train_time
-            tok[r] = 0.0
-            give_rows(r)
+    # -- the trainer --------------------------------------------------------------------------------------
+    def take(self, now: float) -> None:
+        """The waiting trainer takes batches of the oldest finished groups while it can, training from `now`."""
+        while self.training_until is None and len(self.finished) >= self.G and self.version < self.steps:
+            groups = np.array([self.finished.popleft() for _ in range(self.G)], dtype=np.int64)
+            self.train(self.ring.close(groups % self.ring.size), now)
 
-    def switch(wk: _Worker, now: float) -> None:
+    def train(self, r: np.ndarray, now: float) -> None:
+        """The episodes of rows `r` are taken: the bound drops the stale ones, the rest train; the rows free."""
+        rows, tokens, version = self.rows, self.tokens, self.version
+        col = rows.cur_v[r] - rows.start_v[r]
+        if col.max() >= rows.span:
+            rows.grow_span(int(col.max()) + 1)
+        amounts = rows.tok[r]  # tokens per version from the one each started on, the current version's added
+        amounts[np.arange(r.size), col] += rows.cur_tok[r]
+        work = amounts.sum(axis=1)
+        tokens["decoded"] += float(work.sum())
+        start_v = rows.start_v[r]
+        keep = None
+        if self.drop:
+            keep = version - start_v <= self.eta
+            self.dropped += int(r.size - np.count_nonzero(keep))
+            tokens["wasted"] += float(work.sum() - work[keep].sum())
+            if keep.all():
+                keep = None
+        n_kept = r.size if keep is None else int(np.count_nonzero(keep))
+        if n_kept:
+            self.trained += n_kept
+            dur = rows.dur[r]
+            self.trained_seconds += float(dur.sum() if keep is None else dur[keep].sum())
+            ages = version - start_v
+            self.ep_hist = add_counts(self.ep_hist, np.bincount(ages if keep is None else ages[keep]))
+            for c in range(amounts.shape[1]):  # tokens of the version `c` after the one started on
+                w = amounts[:, c]
+                on = np.flatnonzero(w if keep is None else w * keep)
+                if on.size:
+                    self.hist = add_counts(self.hist, np.bincount(ages[on] - c, weights=w[on]))
+            self.step_trained.append(n_kept)
+            self.training_until = now + self.train_time
+        rows.tok[r] = 0.0
+        rows.give(r)
+
+    # -- the workers --------------------------------------------------------------------------------------
+    def switch(self, wk: Worker, now: float) -> None:
         """New weights: what each decoding row decoded so far is its old version's; the rest the new one's."""
-        live, target = _decoding_rows(wk)
+        rows = self.rows
+        live, target = wk.decoding_rows()
         if live.size:
             rest = np.maximum(target - wk.steps, 0.0)  # of each action, what is not decoded yet
-            R["cur_tok"][live] -= rest
-            flush(live)
-            R["cur_tok"][live] = rest
-            R["cur_v"][live] = st["version"]
-        wk.version = st["version"]
-        wk.paused_until = now + switch_time
+            rows.cur_tok[live] -= rest
+            rows.flush(live)
+            rows.cur_tok[live] = rest
+            rows.cur_v[live] = self.version
+        wk.version = self.version
+        wk.paused_until = now + self.switch_time
 
-    def _decoding_rows(wk: _Worker) -> tuple[np.ndarray, np.ndarray]:
-        """The rows decoding on `wk` and the step count at which each one's action is complete."""
-        if not wk.dec.heap:
-            return _EMPTY_I, _EMPTY_F
-        return np.concatenate([c[3] for c in wk.dec.heap]), np.concatenate([c[2] for c in wk.dec.heap])
-
-    def admit(wk: _Worker, limit: float, now: float):
+    def admit(self, wk: Worker, limit: float, now: float):
         """Match queued episodes to free slots, each starting at the later of its slot's and its issue's time,
         from `now` and up to `limit` -> (start times, group ids) or None."""
-        if wk.version < st["version"]:
-            if not interrupt and wk.running() == 0 and wk.paused_until <= now:
-                switch(wk, max(now, float(wk.free[-1])))  # when its last episode ended
-            elif not interrupt:
+        if wk.version < self.version:
+            if not self.interrupt and wk.running() == 0 and wk.paused_until <= now:
+                self.switch(wk, max(now, float(wk.free[-1])))  # when its last episode ended
+            elif not self.interrupt:
                 return None  # draining: nothing starts until the episodes in flight are done
-        opens = max(now, wk.paused_until)
-        if opens > limit or not wk.queue or not wk.free.size:
-            return None
-        starts, groups = [], []
-        k = 0
-        while wk.queue and k < wk.free.size:
-            issued_at, gids, pos = wk.queue[0]
-            n = min(gids.size - pos, wk.free.size - k)
-            at = np.maximum(np.maximum(wk.free[k : k + n], issued_at), opens)
-            within = at <= limit
-            m = int(within.sum()) if not within.all() else n
-            if m == 0:
-                break
-            starts.append(at[:m])
-            groups.append(gids[pos : pos + m])
-            k += m
-            if pos + m == gids.size:
-                wk.queue.popleft()
-            else:
-                wk.queue[0][2] = pos + m
-            if m < n:
-                break
-        if not k:
-            return None
-        wk.free = wk.free[k:]
-        return np.concatenate(starts), np.concatenate(groups)
+        return wk.match(max(now, wk.paused_until), limit)
 
-    def start(matches: list) -> bool:
+    def start(self, matches: list) -> bool:
         """Start the episodes each worker matched (admit); they take the workload's episodes in the order they
         start, over all workers (cyclically), as the event model hands them out -> whether any started."""
         present = [(w, m) for w, m in enumerate(matches) if m is not None]
@@ -391,35 +246,30 @@ def simulate_windowed(
             rank[order] = np.arange(times.size)
             ranks = np.split(rank, np.cumsum([m[0].size for _, m in present])[:-1])
         total = 0
+        rows, ring = self.rows, self.ring
         for (w, (at, gids)), rank in zip(present, ranks):
-            wk, k = pool[w], at.size
-            r = take_rows(k)
-            R["group"][r] = gids
-            R["start_v"][r] = wk.version
-            R["cur_v"][r] = wk.version
-            drawn = (st["started"] + rank) % n_pool
-            R["turn"][r] = first_turn[drawn]
-            R["start"][r] = at
-            R["cur_tok"][r] = 0.0
-            places = gids % ring
-            # each started episode's place in its group: how many of its group started before it (the queue holds
-            # a group's episodes one after another)
-            newrun = np.r_[True, places[1:] != places[:-1]]
-            j = np.arange(k) - np.maximum.accumulate(np.where(newrun, np.arange(k), 0))
-            j += g_started[places]
-            np.add.at(g_started, places, 1)
-            g_rows[places, j] = r
-            begin(wk, r, at)
+            wk, k = self.pool[w], at.size
+            r = rows.take(k)
+            rows.group[r] = gids
+            rows.start_v[r] = wk.version
+            rows.cur_v[r] = wk.version
+            drawn = (self.started + rank) % self.work.n_pool
+            rows.turn[r] = self.work.first_turn[drawn]
+            rows.start[r] = at
+            rows.cur_tok[r] = 0.0
+            ring.seat(gids % ring.size, r)
+            self.begin(wk, r, at)
             total += k
-        st["started"] += total
+        self.started += total
         return True
 
-    def finish_groups(ended_rows: np.ndarray, ended_at: np.ndarray) -> bool:
+    def finish_groups(self, ended_rows: np.ndarray, ended_at: np.ndarray) -> bool:
         """Episodes ended: their groups count down; groups done, in the order they finished, go to the trainer
         (which takes at that time when it waits, as the controller issues then) -> whether any finished."""
-        places = R["group"][ended_rows] % ring
-        np.subtract.at(g_left, places, 1)
-        done = np.unique(places[g_left[places] == 0])
+        ring = self.ring
+        places = self.rows.group[ended_rows] % ring.size
+        np.subtract.at(ring.left, places, 1)
+        done = np.unique(places[ring.left[places] == 0])
         if not done.size:
             return False
         at = np.searchsorted(done, places)
@@ -429,30 +279,31 @@ def simulate_windowed(
         np.maximum.at(last, at[hit], ended_at[hit])  # when each group's last episode ended
         order = np.argsort(last, kind="stable")
         places_o = done[order]
-        gids = R["group"][g_rows[places_o, 0]]
-        owner = g_worker[places_o]
+        gids = self.rows.group[ring.rows[places_o, 0]]
+        owner = ring.worker[places_o]
         when = last[order]
-        g_left[places_o] = 0
+        ring.left[places_o] = 0
         i, n = 0, places_o.size
         while i < n:  # in bulk up to the next group at which the waiting trainer's controller issues or takes
-            j = n - 1 if st["training_until"] is not None else min(n - 1, acts_at(i, owner))
-            for w, wk in enumerate(pool):
-                wk.held -= E * int(np.count_nonzero(owner[i : j + 1] == w))
-            finished.extend(gids[i : j + 1].tolist())
-            if st["training_until"] is None:
-                issue(float(when[j]))
-                take(float(when[j]))
+            j = n - 1 if self.training_until is not None else min(n - 1, self.acts_at(i, owner))
+            for w, wk in enumerate(self.pool):
+                wk.held -= self.E * int(np.count_nonzero(owner[i : j + 1] == w))
+            self.finished.extend(gids[i : j + 1].tolist())
+            if self.training_until is None:
+                self.issue(float(when[j]))
+                self.take(float(when[j]))
             i = j + 1
         return True
 
-    def acts_at(i: int, owner: np.ndarray) -> int:
+    def acts_at(self, i: int, owner: np.ndarray) -> int:
         """The first position k >= i in the groups finishing (in order) after which the waiting trainer can take
         a batch, or the controller issue one (every worker has room for its unit), counting groups i..k."""
-        k = i + max(G - len(finished), 1) - 1  # the take
-        if st["issued"] < st["version"] + 1 + eta:
+        E = self.E
+        k = i + max(self.G - len(self.finished), 1) - 1  # the take
+        if self.issued < issue_limit(self.version, self.eta):
             need = []
-            for w, unit in enumerate(units):
-                short = pool[w].held + unit.size * E - capacity if unit.size else 0
+            for w, unit in enumerate(self.units):
+                short = self.pool[w].held + unit.size * E - self.capacity if unit.size else 0
                 if short > 0:
                     mine = np.flatnonzero(owner[i:] == w)
                     count = -(-short // E)
@@ -460,122 +311,131 @@ def simulate_windowed(
             k = min(k, max(need, default=i))
         return k
 
-    def boundary(now: float) -> None:
-        if st["training_until"] is not None and st["training_until"] <= now:
-            st["training_until"] = None
-            st["version"] += 1
-            step_ends.append(now)
-            issue(now)
-        if st["training_until"] is None:
-            issue(now)
-        for wk in pool:
-            if wk.version < st["version"] and now >= wk.paused_until and (interrupt or wk.running() == 0):
-                switch(wk, now)
+    # -- time ---------------------------------------------------------------------------------------------
+    def boundary(self, now: float) -> None:
+        """Between windows: a step that ends publishes, the controller issues, workers switch and start work, the
+        trainer takes."""
+        if self.training_until is not None and self.training_until <= now:
+            self.training_until = None
+            self.version += 1
+            self.step_ends.append(now)
+            self.issue(now)
+        if self.training_until is None:
+            self.issue(now)
+        for wk in self.pool:
+            if wk.version < self.version and now >= wk.paused_until and (self.interrupt or wk.running() == 0):
+                self.switch(wk, now)
             wk.sec = 0.0
             wk.t0 = now
-        start([admit(wk, now, now) for wk in pool])
-        take(now)
+        self.start([self.admit(wk, now, now) for wk in self.pool])
+        self.take(now)
 
-    def window(t: float, t1: float) -> None:
-        for wk in pool:
+    def window(self, t: float, t1: float) -> None:
+        """Every event from `t` to `t1` at each engine's rate at `t`: actions end, tools answer, episodes end and
+        their slots take queued ones, groups finish; in passes, until one finds nothing more."""
+        rows, work = self.rows, self.work
+        for wk in self.pool:
             wk.t0 = t
         changed = True
         while changed:
             changed = False
             ends_r, ends_t = [], []
-            for wk in pool:
+            for wk in self.pool:
                 limit = wk.steps + (t1 - t) / wk.sec if wk.sec > 0 else wk.steps
                 target, r = wk.dec.pop(limit + 1e-9 * max(1.0, limit))
                 if r.size:
                     changed = True
                     wk.ndec -= r.size
                     when = t + (target - wk.steps) * wk.sec  # (paused or not decoding: sec 0, at t)
-                    to_tool(wk, r, when + turn_tool[R["turn"][r]])
+                    wk.wait_tool(r, when + work.turn_tool[rows.turn[r]])
                 answer, r = wk.tool.pop(t1)
                 if r.size:
                     changed = True
                     wk.ntool -= r.size
-                    over = is_last[R["turn"][r]]
-                    R["turn"][r] += 1
+                    over = work.is_last[rows.turn[r]]
+                    rows.turn[r] += 1
                     if over.any():
                         gone, at = r[over], answer[over]
-                        R["dur"][gone] = at - R["start"][gone]
+                        rows.dur[gone] = at - rows.start[gone]
                         ends_r.append(gone)
                         ends_t.append(at)
                         wk.free = np.sort(np.concatenate([wk.free, at]), kind="stable")  # runs: near linear
                     if (~over).any():
-                        begin(wk, r[~over], answer[~over])
+                        self.begin(wk, r[~over], answer[~over])
             if ends_r:
                 r, at = np.concatenate(ends_r), np.concatenate(ends_t)
-                st["launched"] += float(R["dur"][r].sum())
-                st["n_launched"] += r.size
-                finish_groups(r, at)
+                self.launched += float(rows.dur[r].sum())
+                self.n_launched += r.size
+                self.finish_groups(r, at)
                 changed = True
-            if start([admit(wk, t1, t) for wk in pool]):
+            if self.start([self.admit(wk, t1, t) for wk in self.pool]):
                 changed = True
-        for wk in pool:
+        for wk in self.pool:
             if wk.sec > 0:
                 wk.steps += (t1 - t) / wk.sec
 
-    t = 0.0
-    issue(t)
-    boundary(t)
-    while st["version"] < steps:
-        training = st["training_until"] is not None
-        t1 = st["training_until"] if training else INF
-        for wk in pool:
+    def window_end(self, t: float) -> float:
+        """Where the window from `t` ends: ``window_steps`` engine steps of the fastest engine decoding (or its
+        next event, when later), a step's end, a weight load's end; each engine's step cost set for it."""
+        training = self.training_until is not None
+        t1 = self.training_until if training else INF
+        for wk in self.pool:
             if wk.paused_until > t:
                 t1 = min(t1, wk.paused_until)
                 wk.sec = 0.0
             elif wk.ndec:
-                wk.sec = engine.seconds(wk.ndec) * (co_run if training else 1.0)
+                wk.sec = self.engine.seconds(wk.ndec) * (self.co_run if training else 1.0)
             else:
                 wk.sec = 0.0
-        for wk in pool:
+        for wk in self.pool:
             nxt = wk.tool.first()
             if wk.sec > 0:
                 decode_next = t + (wk.dec.first() - wk.steps) * wk.sec
                 nxt = min(nxt, decode_next)
-                t1 = min(t1, max(t + window_steps * wk.sec, nxt))
+                t1 = min(t1, max(t + self.window_steps * wk.sec, nxt))
             else:
                 t1 = min(t1, nxt)
         if t1 == INF:
             raise RuntimeError("the simulated pipeline stalled: nothing runs, trains or loads")
-        t1 = max(t1, t)
-        window(t, t1)
-        t = t1
-        boundary(t)
+        return max(t1, t)
 
-    busy = st["launched"]  # slot-seconds: the episodes that ended, and those still in flight until now
-    for wk in pool:
-        for _, _, _, r in (*wk.dec.heap, *wk.tool.heap):
-            busy += float((t - R["start"][r]).sum())
-    capacity_time = workers * n_slots * t
-    n_hist = float(hist.sum())
-    trained = st["trained"]
-    return {
-        "time": t,
-        "step_ends": step_ends,
-        "step_trained": step_trained,
-        "episodes_per_s": trained / t if t else math.nan,
-        "slot_util": busy / capacity_time if capacity_time else math.nan,
-        "staleness_mean": float((np.arange(hist.size) * hist).sum() / n_hist) if n_hist else math.nan,
-        "staleness_max": int(ep_hist.size - 1),
-        "staleness_hist": [float(c / n_hist) for c in hist] if n_hist else [],
-        "episode_staleness_hist": [int(c) for c in ep_hist],
-        "trained": trained,
-        "dropped": st["dropped"],
-        "aborted": 0,
-        "cut": 0,
-        "started": st["started"],
-        **{f"{k}_tokens": v for k, v in tokens.items()},
-        "trained_duration": st["trained_seconds"] / trained if trained else math.nan,
-        "launched_duration": st["launched"] / st["n_launched"] if st["n_launched"] else math.nan,
-    }
+    def run(self) -> dict:
+        """Simulate until the trainer has made its steps -> the result (:func:`simulate_windowed`)."""
+        t = 0.0
+        self.issue(t)
+        self.boundary(t)
+        while self.version < self.steps:
+            t1 = self.window_end(t)
+            self.window(t, t1)
+            t = t1
+            self.boundary(t)
+        return self.result(t)
 
-
-def _add_counts(acc: np.ndarray, more: np.ndarray) -> np.ndarray:
-    if more.size > acc.size:
-        acc = np.concatenate([acc, np.zeros(more.size - acc.size, dtype=acc.dtype)])
-    acc[: more.size] += more.astype(acc.dtype)
-    return acc
+    def result(self, t: float) -> dict:
+        busy = self.launched  # slot-seconds: the episodes that ended, and those still in flight until now
+        for wk in self.pool:
+            for _, _, _, r in (*wk.dec.heap, *wk.tool.heap):
+                busy += float((t - self.rows.start[r]).sum())
+        capacity_time = len(self.pool) * self.n_slots * t
+        hist, ep_hist = self.hist, self.ep_hist
+        n_hist = float(hist.sum())
+        trained = self.trained
+        return {
+            "time": t,
+            "step_ends": self.step_ends,
+            "step_trained": self.step_trained,
+            "episodes_per_s": trained / t if t else math.nan,
+            "slot_util": busy / capacity_time if capacity_time else math.nan,
+            "staleness_mean": float((np.arange(hist.size) * hist).sum() / n_hist) if n_hist else math.nan,
+            "staleness_max": int(ep_hist.size - 1),
+            "staleness_hist": [float(c / n_hist) for c in hist] if n_hist else [],
+            "episode_staleness_hist": [int(c) for c in ep_hist],
+            "trained": trained,
+            "dropped": self.dropped,
+            "aborted": 0,
+            "cut": 0,
+            "started": self.started,
+            **{f"{k}_tokens": v for k, v in self.tokens.items()},
+            "trained_duration": self.trained_seconds / trained if trained else math.nan,
+            "launched_duration": self.launched / self.n_launched if self.n_launched else math.nan,
+        }

@@ -155,11 +155,29 @@ def test_help_lists_registered_entries():
         assert entry in text, entry
 
 
+def test_a_plugin_staleness_policy_chooses_the_groups_a_batch_takes(in_examples):
+    from types import SimpleNamespace
+
+    from lrl.pipeline.messages import GroupDone
+    from lrl.pipeline.policies import make_stale_policy
+    from lrl.pipeline.schedule import FreeSchedule
+    from lrl.registry import STALENESS
+
+    parse_args(["--plugins", "my_plugin"])  # registers newest-first
+    assert STALENESS["newest-first"].help.startswith("take the groups that finished last first")
+    policy = make_stale_policy(SimpleNamespace(stale_policy="newest-first", staleness_drop=True))
+    schedule = FreeSchedule(2, 1, 1, 1, 0, policy)  # two groups of one a batch
+    for serial in (4, 0, 7):  # finished in this order
+        schedule.accept(GroupDone(0, serial, [], 1.0))
+    assert [s for s, _ in schedule.take()] == [7, 0]
+    assert [s for s, _ in schedule.ready] == [4]
+
+
 def test_the_extending_doc_shows_the_code_the_tests_run():
     import re
 
     source = (EXAMPLES / "my_plugin.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(), re.S)
-    assert len(blocks) == 5  # a sampler, a wrapped built-in sampler, a correction, an environment, a metric
+    assert len(blocks) == 6  # a sampler, a wrapped built-in sampler, a correction, an environment, a metric, a policy
     for block in blocks:
         assert block.strip() in source, block[:80]

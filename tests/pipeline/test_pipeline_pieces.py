@@ -97,6 +97,17 @@ def test_a_schedules_state_comes_back_whole(kind):
     assert again.state_dict() == state
 
 
+def test_a_checkpoint_from_before_the_groups_out_were_kept_counts_the_unconsumed_unfinished_as_out():
+    schedule = free_schedule()
+    schedule.issue(0, lambda: groups_of([0, 1, 2, 3]), lambda w, work: None)
+    schedule.accept(GroupDone(1, 1, [], 1.0))
+    state = schedule.state_dict()
+    del state["owner"]  # as an older checkpoint has it
+    again = free_schedule()
+    again.load_state_dict(state, lambda saved: saved, unconsumed=[0, 1, 3])  # group 2 was trained
+    assert again.owner == {0: 0, 3: 0}  # neither trained nor finished: out, on a worker not recorded
+
+
 # -- the shared-memory board ---------------------------------------------------------------------------
 def filled(value: float) -> torch.nn.Module:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))

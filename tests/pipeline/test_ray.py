@@ -38,6 +38,7 @@ from conftest import quick_cfg  # noqa: E402
 
 from lrl.pipeline.backends.ray.cluster import RayNode  # noqa: E402
 from lrl.pipeline.backends.ray.keeper import MARKER  # noqa: E402
+from lrl.pipeline.policies import OldestFirst  # noqa: E402
 from lrl.run import build_run, fit  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # the module's cluster on one worker
@@ -208,7 +209,7 @@ def test_every_staleness_policy_keeps_the_bound_on_ray_actors(cluster, format_po
     elif policy == "ordered":  # nothing passes the bound: nothing is dropped
         assert all(h["dropped_ids"] == [] for h in history)
     else:  # oldest-first acts in the controller's schedule, the same whatever the backend
-        assert run.source.schedule.oldest_first
+        assert isinstance(run.source.schedule.policy, OldestFirst)
     wait_until(lambda: not cluster.actors(), 15, "the run's actors to end")
 
 

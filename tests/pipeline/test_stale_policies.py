@@ -18,7 +18,8 @@ from helpers import Tokens, ledger_is_lossless
 from lrl.config import STALE_POLICIES
 from lrl.envs.tinyagent import make_tasks
 from lrl.losses import clipped_policy_loss
-from lrl.pipeline.schedule import FreeSchedule, oldest_tag
+from lrl.pipeline.policies import OldestFirst, Ordered, oldest_tag
+from lrl.pipeline.schedule import FreeSchedule
 from lrl.run import build_run, fit
 
 VERSION, ETA = 5, 1  # the trainer's version in the hand-made batches, and the bound
@@ -123,8 +124,7 @@ class _Ep:
 
 
 def test_oldest_first_takes_the_groups_closest_to_the_bound():
-    schedule = FreeSchedule(2, 1, 1, 1, 0)
-    schedule.oldest_first = True
+    schedule = FreeSchedule(2, 1, 1, 1, 0, OldestFirst())
     from lrl.pipeline.messages import GroupDone
 
     for serial, versions in [(0, [4, 4]), (1, [2, 5]), (2, [3]), (3, [5])]:  # finished in this order
@@ -140,15 +140,15 @@ def test_oldest_first_takes_the_groups_closest_to_the_bound():
 
 
 def test_ordered_takes_the_earliest_issued_groups_and_waits_for_an_earlier_one(monkeypatch):
-    from lrl.pipeline import schedule as module
+    from lrl.pipeline import policies as module
     from lrl.pipeline.messages import CutDone, GroupDone
 
     clock = [100.0]
     monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
 
     def fresh(patience):
-        schedule = FreeSchedule(2, 1, 2, 1, 0)  # groups of one, two a batch, two workers
-        schedule.ordered, schedule.patience = True, patience
+        schedule = FreeSchedule(2, 1, 2, 1, 0, Ordered())  # groups of one, two a batch, two workers
+        schedule.policy.patience = patience
         schedule.owner = {s: 0 for s in range(5)}  # issued to worker 0, none back yet
         for serial in (3, 1, 2):  # finished in this order; 0 and 4 are still out
             schedule.accept(GroupDone(0, serial, [_Ep([4])], 1.0))
@@ -181,7 +181,7 @@ def test_ordered_takes_the_earliest_issued_groups_and_waits_for_an_earlier_one(m
     assert [s for s, _ in declined.take()] == [1, 2]  # taken without it
     assert declined.flying == {0, 4} and declined.cutting is None
 
-    restored = FreeSchedule(2, 1, 2, 1, 0)
+    restored = FreeSchedule(2, 1, 2, 1, 0, Ordered())
     saved = fresh(1.0)
     saved.owner = {0: 1, 4: 0}
     restored.load_state_dict(saved.state_dict(), lambda e: _Ep(e["version"]))  # a checkpoint keeps what is out
@@ -391,7 +391,7 @@ def test_a_take_chooses_among_every_group_already_finished(format_policy, spec, 
 
 def test_a_patience_in_trainer_steps_is_that_many_median_steps_and_excludes_one_in_seconds():
     from lrl.config import ConfigError
-    from lrl.pipeline.source import patience_seconds
+    from lrl.pipeline.policies import patience_seconds
 
     assert patience_seconds(1.5, []) == math.inf  # nothing measured: wait for the earlier group
     assert patience_seconds(1.5, [0.3]) == pytest.approx(0.45)

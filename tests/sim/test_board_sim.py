@@ -247,19 +247,9 @@ def test_a_policy_label_carries_orders_patience(tmp_path):
 
 
 def test_an_unknown_policy_is_an_error():
-    with pytest.raises(ValueError, match="policy"):
-        simulate_board([1.0], 1, 1, 1, 0.1, 0.0, 1, True, 1, policy="later")
-
-
-def test_an_admission_paced_in_time_starves_the_trainer():
-    # the simulator's pace: hold an episode the median duration says would end past the bound's window; held
-    # work delays the versions the window is counted in, so the pipeline crawls (why lrl has no such policy)
-    rng = random.Random(0)
-    durations = [0.3 + rng.lognormvariate(-1.2, 1.0) for _ in range(2000)]
-    drop = simulate_board(durations, 64, 8, 8, 0.5, 0.05, 1, True, 20, policy="drop")
-    pace = simulate_board(durations, 64, 8, 8, 0.5, 0.05, 1, True, 20, policy="pace")
-    assert pace["staleness_max"] <= 1 and pace["dropped"] < drop["dropped"]
-    assert pace["episodes_per_s"] < 0.5 * drop["episodes_per_s"]
+    for name in ("later", "pace"):  # pace, an admission in time, was the simulator's alone; it is gone
+        with pytest.raises(ValueError, match="policy"):
+            simulate_board([1.0], 1, 1, 1, 0.1, 0.0, 1, True, 1, policy=name)
 
 
 def test_a_runs_waste_and_pass_rate_summaries():

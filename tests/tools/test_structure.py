@@ -1,5 +1,6 @@
 """The structure the rollout side promises: no import circle through lrl.run, a trainer that never reaches into
-where its batches come from, and a worker process that imports nothing before its parent-death signal."""
+where its batches come from, a worker process that imports nothing before its parent-death signal, and staleness
+policies that the simulator and the config can import without the pipeline's weight."""
 
 from __future__ import annotations
 
@@ -27,6 +28,18 @@ def test_the_pipeline_does_not_import_the_run_builder():
 def test_the_spawn_entry_imports_nothing_heavy():
     modules = imported_by("import lrl.pipeline.backends.spawn")
     assert not {"torch", "transformers", "lightning", "numpy"} & modules, sorted(modules)
+
+
+def test_the_staleness_policies_import_nothing_heavy():
+    modules = imported_by("import lrl.pipeline.policies")
+    assert "lrl.pipeline.policies" in modules
+    assert not {"torch", "numpy", "lrl.pipeline.schedule", "lrl.pipeline.source", "lrl.config"} & modules
+
+
+def test_the_controller_asks_its_schedule_and_policy_not_what_they_are():
+    for path in ("lrl/pipeline/source.py", "lrl/pipeline/schedule.py", "lrl/pipeline/worker/free.py"):
+        text = (ROOT / path).read_text()
+        assert "hasattr(" not in text and "stale_policy ==" not in text, path
 
 
 def test_the_module_never_touches_the_pipeline_or_the_stream():

@@ -1,7 +1,9 @@
 """The free-running mode of a rollout worker: units as they come, episodes into free slots, the newest weights
 at the moments ``--partial-rollouts`` allows (``interrupt``: at the next token boundary of every slot; ``drain``:
 once the episodes in flight have finished on the old weights, starting none meanwhile). Each group goes back to
-the controller as soon as its episodes are done."""
+the controller as soon as its episodes are done. Each newer version it sees on the board goes to the run's
+staleness policy first (:meth:`lrl.pipeline.policies.StalePolicy.published`: ``abort`` stops stale episodes,
+``cut`` sends groups at their last version without their stragglers)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections import deque
 import torch
 
 from lrl.pipeline.messages import Group, GroupDone, Work
+from lrl.pipeline.policies import make_stale_policy
 from lrl.pipeline.worker.mode import Mode, work_from_state
 from lrl.streams import FREE_WORKER, SAMPLING, TOOL_LATENCY, batch_seed, stream_seed
 
@@ -21,6 +24,8 @@ class FreeRunning(Mode):
     def __init__(self, worker):
         super().__init__(worker)
         self.units: deque[Work] = deque()  # not started
+        self.stale = make_stale_policy(self.cfg)  # what it does with work past the bound (--stale-policy)
+        self.seen = -1  # the newest version seen on the board, told to the policy
         seed = self.cfg.seed
         self.generator = torch.Generator().manual_seed(
             batch_seed(stream_seed(seed, SAMPLING), worker.rank, FREE_WORKER + worker.index)
@@ -52,10 +57,10 @@ class FreeRunning(Mode):
             if loaded:
                 self.rollout.switch(worker.version)
             self.rollout.pausing(False)
-        if self.cfg.staleness_drop and self.cfg.stale_policy == "abort":
-            self.abort_stale(worker.board.version)
-        if self.cfg.staleness_drop and self.cfg.stale_policy == "cut":
-            self.cut_stragglers(worker.board.version)
+        published = worker.board.version
+        if published > self.seen:
+            self.seen = published
+            self.stale.published(self, published)
         if not loaded and not (newer and drain):  # draining starts nothing new
             self._open_units()
             self.admit()

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from lrl.pipeline.messages import Group, Work
-from lrl.pipeline.schedule import oldest_tag
+from lrl.pipeline.policies import oldest_tag, unit_episodes
 
 
 class Mode:
@@ -36,8 +36,6 @@ class Mode:
             "tool": 0.0,
             "paused": 0.0,
         }  # the same, by state
-        self._abort_checked = -1  # the trainer version abort_stale last looked at
-        self._cut_checked = -1  # and cut_stragglers
         self._capacity_seconds = 0.0
         self._capacity_since = time.monotonic()
 
@@ -108,9 +106,6 @@ class Mode:
         (the trainer is at `version` or later when it takes it, so an action token older than ``version -
         max_staleness`` is past the bound for good) and put its task first in line, to start again on the
         newest weights -> how many were stopped. What they had decoded is counted as aborted work."""
-        if version <= self._abort_checked:
-            return 0
-        self._abort_checked = version
         oldest = version - self.cfg.max_staleness
         stopped = self.rollout.abort(lambda episode: oldest_tag([episode]) >= oldest)
         for episode in reversed(stopped):
@@ -125,10 +120,7 @@ class Mode:
         """``--stale-policy cut``: once the trainer is at `version`, the last version a group whose oldest action
         token is ``version - max_staleness`` can be trained on, send every such group that has at least half of
         its episodes finished without the rest: its unfinished episodes are stopped (those not started are never
-        started) and recorded as not trained -> how many episodes were cut. Called once a version."""
-        if version <= self._cut_checked:
-            return 0
-        self._cut_checked = version
+        started) and recorded as not trained -> how many episodes were cut."""
         last = version - self.cfg.max_staleness  # groups this old must be taken now or never
         size = self.cfg.episodes_per_task
         running: dict[int, list] = {}
@@ -197,8 +189,9 @@ class Mode:
 
     def capacity(self) -> int:
         """Slots: --slots, or in lockstep the size of the worker's share of a batch."""
-        share = -(-self.cfg.tasks_per_step // (self.cfg.rollout_workers * self.worker.world))
-        return self.cfg.slots or share * self.cfg.episodes_per_task
+        cfg = self.cfg
+        workers = cfg.rollout_workers * self.worker.world
+        return cfg.slots or unit_episodes(cfg.tasks_per_step, workers, cfg.episodes_per_task)
 
     def close(self) -> None:
         if self.rollout is not None:
