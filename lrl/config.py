@@ -393,6 +393,13 @@ class Config:
     # evaluation
     eval_every: int = option(10, "held-out evaluation every N steps (and at the end)", gt=0, le=MAX_INT)
     eval_episodes: int = option(16, "episodes per held-out task in an evaluation", gt=0, le=MAX_INT)
+    eval_temperature: float | None = option(
+        None,
+        "sampling temperature of the held-out evaluation (none: the training temperature; 0: greedy, the most "
+        "likely token at every step)",
+        ge=0,
+        le=100,
+    )
     eval_at_start: bool = option(
         True, "evaluate the starting policy on the held-out tasks too, logged at step 0"
     )

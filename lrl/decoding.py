@@ -89,10 +89,15 @@ class Sampling:
 def truncated_log_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0):
     """log-probs of the distribution sampled from, in fp32: logits [B, V] -> [B, V], -inf off the kept set.
 
+    Temperature 0 is greedy decoding: all the mass on the most likely token (log-prob 0 there, -inf elsewhere).
+
     Temperature first, then top-k (the k largest), renormalised, then top-p on that renormalised
     distribution (the smallest set, in order of probability, whose mass reaches top_p; the most likely token
     is always kept), then renormalisation: the order and the renormalisation of transformers' warpers.
     """
+    if temperature == 0:
+        best = logits.float().argmax(dim=-1, keepdim=True)  # [B, 1]
+        return torch.full_like(logits, float("-inf"), dtype=torch.float32).scatter(-1, best, 0.0)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, V]
     if top_k and top_k < logp.shape[-1]:
         kth = logp.topk(top_k, dim=-1).values[:, -1:]  # [B, 1]

@@ -327,7 +327,8 @@ class OffPolicyModule(L.LightningModule):
         cfg = self.cfg
         seed = stream_seed(cfg.seed, EVALUATION)
         with autocast(self.precision, self.device):  # the arithmetic the policy is trained and sampled in
-            stats = evaluate(self.policy, self.spec, None, cfg.eval_episodes, seed, cfg.temperature)
+            temperature = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature
+            stats = evaluate(self.policy, self.spec, None, cfg.eval_episodes, seed, temperature)
         self.last_eval = {"step": self.version, **stats}
         self.evals.append(self.last_eval)
         keys = ("pass_rate", *self.spec.metrics, "invalid")

@@ -64,6 +64,7 @@ __all__ = [
     "make_env",
     "run_tokenizer",
     "ENVS",
+    "calc",
     "tinyagent",
     "review",
     "codefix",

@@ -16,8 +16,7 @@ from lrl.envs.calc.tasks import CalcTask, make_calc_tasks
 from lrl.registry import ENVS
 
 INSTRUCTIONS = (
-    "You solve word problems with a calculator. Reply with one line only: 'calc EXPRESSION' to compute, for "
-    "example 'calc 12 * 34', or 'answer NUMBER' to give the final answer, for example 'answer 408'."
+    "You have a calculator. To use it, reply: calc <expression>. To give your final answer, reply: answer <number>."
 )
 ACTION_TOKENS = 40  # the longest reply of one turn, its end-of-turn token included
 CALC_DEFAULTS = {
@@ -31,6 +30,7 @@ CALC_DEFAULTS = {
     "max_steps": 40,
     "eval_every": 10,
     "eval_episodes": 1,
+    "eval_temperature": 0.0,  # greedy: what the model answers when deployed; train/reward is the sampled rate
 }
 
 
