@@ -1,6 +1,7 @@
 """A Config from the command line and YAML files: defaults, then the entries' defaults, then YAML, then flags.
 
-Every field of :class:`lrl.config.Config` is a ``--flag`` and a YAML key. ``--plugins`` (YAML ``plugins``) is
+Every option of :class:`lrl.config.Config` is a ``--flag`` and a YAML key under its flat name; ``--help`` lists them
+section by section. ``--plugins`` (YAML ``plugins``) is
 read first and imported, so that the user's registered samplers, corrections and environments are valid
 choices, appear in ``--help`` and get their defaults. An entry's ``defaults`` (say, an environment's turn
 limit) apply to the keys that neither the YAML file nor a flag sets.
@@ -9,41 +10,33 @@ limit) apply to the keys that neither the YAML file nor a flag sets.
 from __future__ import annotations
 
 import argparse
-import typing
-from dataclasses import fields
 from typing import Any
 
-from lrl.config import Config, ConfigError
+from lrl.config import OPTIONS, SECTIONS, Config, ConfigError
 from lrl.configfile import load_yaml
-from lrl.options import accepted_types, bounds_text, default_of, import_plugins, type_name
-from lrl.registry import REGISTRIES, Registry, load_builtins
+from lrl.options import accepted_types, bounds_text, type_name
+from lrl.plugins import load as load_plugins
+from lrl.registry import REGISTRIES, Registry
 
 
 def from_dict(data: dict[str, Any]) -> Config:
     """Dict of keys -> validated Config; plugins first, then entry defaults for unset keys; unknown keys refused."""
-    hints = typing.get_type_hints(Config)
-    unknown = [k for k in data if k not in hints]
+    unknown = [k for k in data if k not in OPTIONS]
     if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r}; known keys: {', '.join(sorted(hints))}")
+        raise ConfigError(f"unknown key {unknown[0]!r}; known keys: {', '.join(sorted(OPTIONS))}")
     data = dict(data)
     if isinstance(data.get("plugins"), str):
         data["plugins"] = [p for p in data["plugins"].split(",") if p]
-    if isinstance(data.get("plugins"), list):
-        problems = import_plugins(data["plugins"])
-        if problems:
-            raise ConfigError("; ".join(problems))
-    load_builtins()
+    problems = load_plugins(data["plugins"] if isinstance(data.get("plugins"), list) else [])
+    if problems:
+        raise ConfigError("; ".join(problems))
     for scope, registry in REGISTRIES.items():
-        name = data.get(scope, _default(scope))
+        name = data.get(scope, OPTIONS[scope].default)
         if name in registry:
             for key, value in registry.get(name).defaults:
                 data.setdefault(key, value)
-    data = {k: _as_float(v) if float in accepted_types(hints[k]) else v for k, v in data.items()}
+    data = {k: _as_float(v) if float in accepted_types(OPTIONS[k].annotation) else v for k, v in data.items()}
     return Config(**data)
-
-
-def _default(name: str):
-    return next(default_of(f) for f in fields(Config) if f.name == name)
 
 
 def _as_float(value):
@@ -118,8 +111,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def _help(f) -> str:
-    meta = f.metadata
-    text = f.metadata["help"]
+    meta = f.meta
+    text = meta["help"]
     choices = meta.get("choices")
     if isinstance(choices, Registry):
         text += f"; one of: {', '.join(choices.names())}"
@@ -128,10 +121,12 @@ def _help(f) -> str:
     elif any(meta.get(k) is not None for k in ("ge", "gt", "le", "lt")):
         text += f"; {bounds_text(meta)}"
     if meta.get("scope"):
-        text += f" (read by {meta['scope']}s: {', '.join(REGISTRIES[meta['scope']].users(f.name)) or 'none'})"
+        text += f" (read by {meta['scope']}: {', '.join(REGISTRIES[meta['scope']].users(f.name)) or 'none'})"
     if meta.get("when"):
         text += f" (only with {', '.join(f'{k} {_shown(v)}' for k, v in meta['when'].items())})"
-    default = default_of(f)
+    if meta.get("resumable"):
+        text += " (may change on resume)"
+    default = f.default
     return f"{text} (default: {','.join(default) if isinstance(default, list) else _shown(default)})"
 
 
@@ -139,9 +134,25 @@ def _shown(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+# --help's heading of each section
+HEADINGS = {
+    "run": "run: its length, files, resume and processes",
+    "policy": "policy: the model trained and its arithmetic",
+    "environment": "environment: the tasks, turns and tools",
+    "batch": "batch: what one step samples",
+    "update": "update: the clipped loss, Adam and the guards",
+    "sampling": "sampling: the behavior sampler",
+    "weighting": "weighting: the behavior-policy correction",
+    "rollout": "rollout: the pipeline, its workers and the staleness bound",
+    "evaluation": "evaluation: the held-out tasks",
+    "monitoring": "monitoring: what is logged and checked during the run",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """argparse over every Config field; defaults are suppressed so that only given flags override the YAML."""
-    load_builtins()
+    """argparse over every option, section by section; defaults are suppressed so that only given flags override
+    the YAML."""
+    load_plugins()
     parser = Parser(
         prog="train.py",
         description="Train an agent (TinyAgent by default, or a local transformers causal LM) with RL from a "
@@ -150,13 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     parser.add_argument("--config", help="YAML file of the keys below; flags override it")
-    hints = typing.get_type_hints(Config)
-    for f in fields(Config):
+    groups = {section: parser.add_argument_group(HEADINGS[section]) for section in SECTIONS}
+    for f in OPTIONS.values():
         flag = f"--{f.name.replace('_', '-')}"
-        if hints[f.name] is bool:
-            parser.add_argument(flag, action=BooleanFlag, help=_help(f), metavar="true|false")
+        group = groups[f.section]
+        if f.annotation is bool:
+            group.add_argument(flag, action=BooleanFlag, help=_help(f), metavar="true|false")
         else:
-            parser.add_argument(flag, type=_flag_type(hints[f.name]), help=_help(f), metavar=f.name.upper())
+            group.add_argument(flag, type=_flag_type(f.annotation), help=_help(f), metavar=f.name.upper())
     return parser
 
 
@@ -171,7 +183,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         pre.error(str(err))
     data = load_yaml(known.config) if known.config else {}
     plugins = known.plugins.split(",") if known.plugins is not None else data.get("plugins", [])
-    problems = import_plugins([p for p in plugins if p]) if isinstance(plugins, list) else []
+    problems = load_plugins([p for p in plugins if p] if isinstance(plugins, list) else [])
     if problems:
         raise ConfigError("; ".join(problems))
     parser = build_parser()

@@ -27,7 +27,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from lrl.config import Config, ConfigError
+from lrl.config import OPTIONS, Config, ConfigError
 from lrl.errors import OutputError
 from lrl.stopping import (  # noqa: F401 (StoppedBeforeTraining: re-exported)
     STOP_SIGNALS,
@@ -35,41 +35,9 @@ from lrl.stopping import (  # noqa: F401 (StoppedBeforeTraining: re-exported)
     received_at_start,
 )
 
-# keys that may differ between the run that wrote a checkpoint and the run that resumes it
-RESUMABLE_CHANGES = {
-    "max_steps",
-    "log_dir",
-    "run_name",
-    "threads",
-    "progress",
-    "checkpoint_every",
-    "checkpoint_dir",
-    "resume",
-    "history_file",
-    "eval_every",
-    "eval_episodes",
-    "eval_at_start",
-    "step_kl",
-    "accelerator",
-    "monitor_mismatch",
-    "monitor_staleness",
-    "monitor_timing",
-    "monitor_env",
-    "health_check",
-    "health_threshold",
-    "health_threshold_p99",
-    "health_strict",
-    "histogram_every",
-    "overwrite",
-    "monitor_jumps",
-    "jump_factor",
-    # where the rollout workers run: the controller's checkpointed state is the same for every backend
-    "rollout_backend",
-    "worker_cpus",
-    "worker_gpus",
-    "ray_address",
-    "worker_restarts",
-}
+# keys that may differ between the run that wrote a checkpoint and the run that resumes it: the options declared
+# resumable (lrl.options.option), such as where the run writes, how long it runs and what it logs
+RESUMABLE_CHANGES = frozenset(name for name, opt in OPTIONS.items() if opt.resumable)
 
 
 def atomic_write(path: str | Path, write) -> None:

@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import os
 import unicodedata
-from dataclasses import fields
 
-from lrl.options import default_of, exists
+from lrl.options import exists
 from lrl.registry import REGISTRIES
+from lrl.sections import OPTIONS
 
 
 def _registry_rules(cfg) -> list[str]:
     """An option scoped to a registry is set only for an entry that reads it; each chosen entry's own checks."""
     problems = []
-    defaults = {f.name: default_of(f) for f in fields(cfg)}
-    for f in fields(cfg):
-        scope = f.metadata.get("scope")
-        if scope is None or getattr(cfg, f.name) == defaults[f.name]:
+    for f in OPTIONS.values():
+        scope = f.meta.get("scope")
+        if scope is None or getattr(cfg, f.name) == f.default:
             continue
-        if any(getattr(cfg, key) != wanted for key, wanted in f.metadata.get("when", {}).items()):
+        if any(getattr(cfg, key) != wanted for key, wanted in f.meta.get("when", {}).items()):
             continue  # an option of another mode altogether: _mode_rules says so
         chosen = getattr(cfg, scope)
         registry = REGISTRIES[scope]
@@ -39,10 +38,10 @@ def _registry_rules(cfg) -> list[str]:
 def _mode_rules(cfg) -> list[str]:
     """An option that belongs to a mode (``option(..., when=...)``) is set only in that mode."""
     problems = []
-    for f in fields(cfg):
-        when = f.metadata.get("when")
+    for f in OPTIONS.values():
+        when = f.meta.get("when")
         value = getattr(cfg, f.name)
-        if not when or value == default_of(f):
+        if not when or value == f.default:
             continue
         unmet = [key for key, wanted in when.items() if getattr(cfg, key) != wanted]
         if unmet:
@@ -91,6 +90,9 @@ def _run_name_rules(cfg) -> list[str]:
 
 
 def _shared_rules(cfg) -> list[str]:
+    """lag only with a synchronous pipeline; max_step_kl only with step_kl; an MIS band with low <= high; no more
+    minibatches than a step's episodes; tasks_per_step a multiple of devices x num_nodes; model, tokenizer and
+    resume (other than last) that exist."""
     problems = []
     if cfg.pipeline == "async" and cfg.lag:
         problems.append(

@@ -1,22 +1,19 @@
-"""Declaring and checking one config option: its type, default, help and bounds, in one place.
+"""Declaring and checking one config option: its type, default, help, bounds and whether a resumed run may change
+it, in one place.
 
-``option(...)`` declares a field of :class:`lrl.config.Config`; :func:`check_field` checks a value against
-its declaration and returns the problems as messages. Plugins (``--plugins``) are imported here too, before
-anything is validated, so that what they register counts as a valid choice.
+``option(...)`` declares a field of a section of :class:`lrl.config.Config` (:mod:`lrl.sections`);
+:func:`check_field` checks a value against its declaration and returns the problems as messages.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
-import sys
 import typing
 from dataclasses import MISSING, field
 from pathlib import Path
 
-from lrl.registry import Registry, RegistryError
-from lrl.stopping import StoppedBeforeTraining
+from lrl.registry import Registry
 
 MAX_INT = 2**31 - 1  # every integer option is bounded: a 20-digit --max-steps is refused, not overflowed
 
@@ -33,8 +30,12 @@ def option(
     scope: str | None = None,
     when: dict | None = None,
     path: bool = False,
+    resumable: bool = False,
 ):
     """A config field: default, help, and its bounds (ge/gt/le/lt), choices, registry scope or mode.
+
+    ``resumable`` marks an option a resumed run may set otherwise than the run that wrote the checkpoint (where
+    it writes, how long it runs, what it logs); any other option must be the same (:func:`lrl.checkpoint.check_resume`).
 
     ``path`` marks a file or folder: ``~`` in it is expanded once, when the config is made, so that every lock,
     lookup, check and write afterwards sees the same path.
@@ -47,6 +48,7 @@ def option(
     meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "scope": scope}
     meta["when"] = dict(when or {})
     meta["path"] = path
+    meta["resumable"] = resumable
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -60,39 +62,8 @@ def expand_path(value):
 
 
 def default_of(f):
-    """A Config field's default value (a fresh copy for a list)."""
+    """An option's default value (a fresh copy for a list)."""
     return f.default_factory() if f.default is MISSING else f.default
-
-
-# -- plugins ------------------------------------------------------------------------------------------
-def import_plugins(names: list[str]) -> list[str]:
-    """Import each plugin module (once); problems as messages (an import error, a name registered twice)."""
-    problems = []
-    for name in names:
-        if not isinstance(name, str) or not name:
-            problems.append(f"plugins: {name!r} is not a module name")
-            continue
-        if name in sys.modules:
-            continue
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.insert(0, str(Path.cwd()))  # `python train.py` from a folder holding the plugin
-        try:
-            importlib.import_module(name)
-        except (
-            StoppedBeforeTraining
-        ):  # a stop signal during the import: the run stops, it is not a bad plugin
-            sys.modules.pop(name, None)
-            raise
-        except RegistryError as err:
-            sys.modules.pop(name, None)
-            problems.append(f"plugins: {name!r}: {err}")
-        except BaseException as err:  # noqa: B036
-            # any way user code ends its import (an exception, exit(), a KeyboardInterrupt it raises) is a
-            # config error that names it, never a traceback or a silent exit of train.py
-            sys.modules.pop(name, None)
-            detail = f": {err}" if str(err) else ""
-            problems.append(f"plugins: cannot import {name!r} ({type(err).__name__}{detail})")
-    return problems
 
 
 # -- one field ----------------------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 backends, staleness policies, extra callbacks).
 
 An entry is registered next to its own code with the config keys it reads (``uses``) and, optionally, a
-``check(cfg) -> list[str]`` of problems specific to it. The config's validation, ``--help`` and the YAML
-loader list what is registered, so a user's own entry, imported as a plugin, is chosen exactly like a
-built-in one. This module imports nothing heavy; the built-in entries register when their packages are
-imported (:func:`load_builtins`).
+``check(cfg) -> list[str]`` of problems specific to it and a ``check_model(cfg, spec, model) -> list[str]`` of
+models it cannot run. The config's validation, ``--help`` and the YAML loader list what is registered, so a user's
+own entry, imported as a plugin, is chosen exactly like a built-in one. This module imports nothing of lrl: the
+built-in entries register when their packages are imported, and :mod:`lrl.plugins` imports those and the plugins.
 """
 
 from __future__ import annotations
@@ -137,13 +137,3 @@ REGISTRIES: dict[str, Registry] = {
 def _is_name(name: str) -> bool:
     """An identifier, or identifiers joined by single hyphens (a name a flag or a YAML value can carry)."""
     return all(part.isidentifier() for part in name.split("-"))
-
-
-def load_builtins() -> None:
-    """Import the packages whose built-in entries register themselves (idempotent)."""
-    import callbacks  # noqa: F401
-    import lrl.envs  # noqa: F401
-    import lrl.pipeline.backends  # noqa: F401
-    import lrl.pipeline.policies  # noqa: F401
-    import lrl.weights  # noqa: F401
-    import samplers  # noqa: F401

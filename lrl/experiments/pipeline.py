@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from lrl.cli import OneLineParser
-from lrl.config import STALE_POLICIES
+from lrl.pipeline.policies import STALE_POLICIES
 from lrl.experiments.calibrate import (
     SKIP,
     async_train_time,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lrl.config import STALE_POLICIES
+from lrl.pipeline.policies import STALE_POLICIES
 from lrl.experiments.designs import (
     DESIGNS,
     calibration_of,

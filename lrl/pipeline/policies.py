@@ -225,7 +225,8 @@ def patience_seconds(steps: float, trainer_seconds: Sequence[float]) -> float:
     return steps * measured[len(measured) // 2] if measured else math.inf
 
 
-# the names --stale-policy offers (lrl.config), in the order it lists them; ``none`` is --staleness-drop false
+# the built-in policies that act past the bound, in the order the docs and the lab list them (--stale-policy offers
+# every registered name, ``none`` and a plugin's among them)
 STALE_POLICIES = tuple(cls.name for cls in (Drop, Mask, Abort, OldestFirst, Cut, Ordered))
 
 

@@ -64,14 +64,10 @@ def check_args(
 
 def train_rule(name: str, value, flag: str | None = None) -> list[str]:
     """What train.py says of `value` for its option `name` (the same rule, the same words), naming `flag`."""
-    import typing
-    from dataclasses import fields
-
-    from lrl.config import Config
     from lrl.options import check_field
+    from lrl.sections import OPTIONS
 
-    field = next(f for f in fields(Config) if f.name == name)
-    problems = check_field(name, value, typing.get_type_hints(Config)[name], field.metadata)
+    problems = check_field(name, value, OPTIONS[name].annotation, OPTIONS[name].meta)
     flag = flag or "--" + name.replace("_", "-")
     return [flag + p.removeprefix(name) for p in problems]
 

@@ -1,16 +1,14 @@
 """Fuzzing the config loader: any dict, YAML text or flag string gives a Config or a ConfigError, nothing else."""
 
-from dataclasses import fields
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lrl.arguments import from_dict, parse_args
-from lrl.config import Config, ConfigError
+from lrl.config import OPTIONS, Config, ConfigError
 
-FIELDS = [f.name for f in fields(Config)]
-BOOLEANS = [f.name for f in fields(Config) if f.type in (bool, "bool")]
+FIELDS = list(OPTIONS)
+BOOLEANS = [name for name, opt in OPTIONS.items() if opt.annotation is bool]
 FLAGS = (
     ["--" + name.replace("_", "-") for name in FIELDS]
     + ["--no-" + name.replace("_", "-") for name in BOOLEANS]  # --flag alone, --no-flag and --flag true|false

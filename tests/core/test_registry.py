@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from lrl.registry import CORRECTIONS, ENVS, SAMPLERS, Entry, Registry, RegistryError, load_builtins
+from lrl.plugins import load_builtins
+from lrl.registry import CORRECTIONS, ENVS, SAMPLERS, Entry, Registry, RegistryError
 
 load_builtins()
 

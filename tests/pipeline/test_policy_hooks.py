@@ -62,9 +62,10 @@ def test_every_built_in_policy_is_registered_under_its_name_and_chosen_by_the_co
     assert ThrottleOnly.name == "none" and STALENESS["none"].factory is ThrottleOnly
     assert STALENESS["ordered"].uses == ("take_patience", "take_patience_steps")
     assert all(STALENESS[name].help for name in STALENESS)  # each says in a line what it does (--help)
-    from lrl.config import STALE_POLICIES as offered  # the config's choices are the module's names
+    from lrl.config import OPTIONS  # the config offers whatever is registered, `none` and a plugin's too
 
-    assert offered is STALE_POLICIES
+    assert OPTIONS["stale_policy"].meta["choices"] is STALENESS
+    assert set(STALE_POLICIES) | {"none"} <= set(STALENESS)
 
 
 @pytest.mark.parametrize(
