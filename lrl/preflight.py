@@ -1,24 +1,77 @@
-"""Checks of the run's tokenizer and model against its environment, made before anything is trained.
+"""The preflight: a run's config checked against its environment, its model and the machine, before anything is
+trained. (The config's own rules, which need nothing but the config, were checked once when it was made: the static
+phase, :meth:`lrl.config.Config.validate`.)
 
-Each would otherwise surface late and misleadingly: a tokenizer that cannot spell the environment's actions
-makes every action malformed (after a warm start of minutes on an impossible target), and a model whose
-context is shorter than an episode fails at a position lookup in the middle of a rollout. Both raise
-:class:`lrl.config.ConfigError`, naming the option, what was found and what is needed. (Whether a model
-loaded with ``--model`` is a finite, causal LM is checked when it is loaded: ``lrl.policy.load_policy``.)
+Each check would otherwise surface late and misleadingly: a path that cannot be written after an hour of training, a
+tokenizer that cannot spell the environment's actions (every action malformed, after a warm start of minutes on an
+impossible target), a model whose context is shorter than an episode (a position lookup failing in the middle of a
+rollout), a checkpoint whose weights do not fit the model (a failure deep inside the restore). Each raises
+:class:`lrl.config.ConfigError` naming the option, what was found and what is needed. :func:`lrl.run.build_run`
+makes the checks in this order, each as soon as what it checks exists:
+
+- :func:`check_paths`: every path option against the file system (before anything is read or written);
+- :func:`check_environment`: the tokenizer against the environment's actions, the memory a step needs against the
+  machine's (-> the step's memory plan);
+- :func:`check_model`: the model's context against the longest episode, every chosen entry's own ``check_model``
+  (a sampler's engine, an environment's needs), the model's vocabulary against the tokenizer;
+- :func:`check_checkpoint`: the checkpoint a run resumes against the model, the optimizer and the data module.
 """
 
 from __future__ import annotations
 
 from lrl.config import Config, ConfigError
+from lrl.envs import tokenizer_option
+from lrl.registry import REGISTRIES
+
+# the checks in the order a run makes them (docs/options.md lists them from here)
+__all__ = ["check_paths", "check_environment", "check_model", "check_checkpoint"]
 
 
-def tokenizer_option(cfg: Config) -> str:
-    """The option the run's tokenizer came from (the environment's own when neither gives one)."""
-    if cfg.tokenizer is not None:
-        return f"tokenizer: {cfg.tokenizer!r}"
-    if cfg.model is not None:
-        return f"model: the tokenizer saved with {cfg.model!r}"
-    return f"env: the {cfg.env} environment's own tokenizer"
+def check_paths(cfg: Config) -> None:
+    """log_dir, checkpoint_dir, history_file, resume, model, tokenizer: not under /proc, /sys or /dev; a folder where
+    a folder is wanted and a regular file (or nothing) where a file is wanted; a history file that is lrl's; a
+    checkpoint folder that no live run holds and whose last.ckpt is replaced only with --overwrite."""
+    from lrl.runs import check_paths as check_run_paths
+
+    check_run_paths(cfg)
+
+
+def check_environment(cfg: Config, spec):
+    """tokenizer: spells every example action of the environment; episodes_per_task, eval_episodes: a step and an
+    evaluation fit the machine's memory (the error gives the estimate) -> the step's memory plan."""
+    from lrl.budget import check_budget
+    from lrl.policy import DEFAULT_SIZE
+
+    check_tokenizer(cfg, spec)
+    return check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"])
+
+
+def check_model(cfg: Config, spec, model) -> None:
+    """model: a context (max_position_embeddings, n_positions) as long as the environment's longest episode, what
+    every chosen entry asks of a model (its registry entry's check_model: a vLLM engine's head sizes and cache, say),
+    and a vocabulary that covers the tokenizer."""
+    from lrl.policy import check_vocabulary
+
+    check_context(cfg, spec, model)
+    problems = []
+    for scope, registry in REGISTRIES.items():
+        entry = registry.get(getattr(cfg, scope))
+        if entry.check_model is not None:
+            problems += list(entry.check_model(cfg, spec, model))
+    if problems:
+        raise ConfigError("; ".join(problems))
+    try:
+        check_vocabulary(model, spec.tok)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_checkpoint(path: str, module, datamodule) -> None:
+    """resume: the checkpoint's entries fit this run: every weight of the model's shape and dtype, optimizer state
+    that matches the weights, lrl's own state and the data module's."""
+    from lrl.checkpoint import check_contents
+
+    check_contents(path, module, datamodule)
 
 
 def _round_trip(tok, action: str) -> str | None:
@@ -46,7 +99,7 @@ def check_tokenizer(cfg: Config, spec) -> None:
             )
 
 
-def check_model(cfg: Config, spec, model) -> None:
+def check_context(cfg: Config, spec, model) -> None:
     """The model's context (max_position_embeddings or n_positions) holds the environment's longest episode."""
     from lrl.decoding import context_length
 

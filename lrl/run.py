@@ -77,42 +77,29 @@ def make_source(cfg: Config, spec, policy):
 def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=None, **trainer_kw) -> Run:
     """Config -> policy, environment, rollout source, module, datamodule and a Lightning Trainer.
 
-    Every path and the memory the run will need are checked before anything is built (ConfigError). The run
+    The preflight (lrl.preflight) checks the config against the file system, the environment, the machine's memory
+    and the model before anything is trained, each as soon as what it checks exists (ConfigError). The run
     writes to its own folder (lrl.runs): always when it logs to TensorBoard or keeps its checkpoints there.
     ``policy`` overrides the model that ``cfg.model`` (or the environment's warm start) would give, e.g. a
     small fresh one in tests; ``logger`` is True (TensorBoard), False, or a Lightning logger.
     """
-    from lrl.budget import check_budget
-    from lrl.checkpoint import AtomicCheckpointIO, robustness_callbacks
+    from lrl import preflight
+    from lrl.checkpoint import robustness_callbacks
     from lrl.data import RolloutDataModule
     from lrl.envs import make_env
     from lrl.module import OffPolicyModule
-    from lrl.policy import DEFAULT_SIZE, check_vocabulary, make_policy
-    from lrl.preflight import check_model, check_tokenizer
-    from lrl.registry import SAMPLERS
-    from lrl.runs import check_paths, clean_run_temporaries, clean_stale_temporaries, open_run
+    from lrl.policy import make_policy
+    from lrl.runs import clean_run_temporaries, clean_stale_temporaries, open_run
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    check_paths(cfg)
+    preflight.check_paths(cfg)
     spec = make_env(cfg, run_tokenizer(cfg))
-    check_tokenizer(cfg, spec)
-    memory = check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"])
+    memory = preflight.check_environment(cfg, spec)
     loaded = policy if policy is not None else load_model(cfg, spec.tok)
     if loaded is None:
         loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=cfg.seed)
-    check_model(cfg, spec, loaded)
-    sampler_entry = SAMPLERS[cfg.sampler]
-    if (
-        sampler_entry.check_model is not None
-    ):  # a model the sampler cannot run (an engine's head sizes, its cache)
-        problems = sampler_entry.check_model(cfg, spec, loaded)
-        if problems:
-            raise ConfigError("; ".join(problems))
-    try:
-        check_vocabulary(loaded, spec.tok)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    preflight.check_model(cfg, spec, loaded)
     wants_folder = (
         logger is True or cfg.resume is not None or (cfg.checkpoint_every > 0 and not cfg.checkpoint_dir)
     )
@@ -138,6 +125,23 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
         from callbacks import build_callbacks
 
         callbacks = build_callbacks(cfg)
+    run_dir = str(folder.path) if folder is not None else None
+    callbacks = [*(callbacks or []), *robustness_callbacks(cfg, checkpoints, run_dir)]
+    trainer = make_trainer(cfg, logger, callbacks, folder, **trainer_kw)
+    ckpt = str(folder.checkpoint) if folder is not None and folder.checkpoint is not None else None
+    if ckpt is not None:
+        try:
+            preflight.check_checkpoint(ckpt, module, datamodule)
+        except ConfigError:
+            folder.release()
+            raise
+    return Run(cfg, spec, loaded, source, module, datamodule, trainer, ckpt, folder)
+
+
+def make_trainer(cfg: Config, logger, callbacks: list, folder, **trainer_kw) -> L.Trainer:
+    """The run's Lightning Trainer; what Lightning refuses (e.g. --accelerator gpu without one) is a ConfigError."""
+    from lrl.checkpoint import AtomicCheckpointIO
+
     kw = dict(
         accelerator=cfg.accelerator,
         devices=cfg.devices,
@@ -154,28 +158,15 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
         enable_model_summary=False,
         enable_progress_bar=cfg.progress,
         logger=logger,
-        callbacks=[
-            *(callbacks or []),
-            *robustness_callbacks(cfg, checkpoints, str(folder.path) if folder else None),
-        ],
+        callbacks=callbacks,
     )
     kw.update(trainer_kw)
     try:
-        trainer = L.Trainer(**kw)
+        return L.Trainer(**kw)
     except (MisconfigurationException, ValueError, RuntimeError) as err:  # e.g. --accelerator gpu without one
         if folder is not None:
             folder.release()
         raise ConfigError(f"accelerator/devices/num_nodes/strategy: {err}") from None
-    ckpt = str(folder.checkpoint) if folder is not None and folder.checkpoint is not None else None
-    if ckpt is not None:
-        from lrl.checkpoint import check_contents
-
-        try:
-            check_contents(ckpt, module, datamodule)
-        except ConfigError:
-            folder.release()
-            raise
-    return Run(cfg, spec, loaded, source, module, datamodule, trainer, ckpt, folder)
 
 
 def fit(run: Run) -> dict:

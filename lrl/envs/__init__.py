@@ -20,7 +20,6 @@ def make_env(cfg, tok=None) -> EnvSpec:
     entry = ENVS.get(cfg.env)
     if getattr(tok, "chat", False):
         from lrl.errors import ConfigError
-        from lrl.preflight import tokenizer_option
         from lrl.tokenizers import ChatTemplateError
 
         system = cfg.system_prompt if cfg.system_prompt is not None else entry.instructions or None
@@ -30,6 +29,15 @@ def make_env(cfg, tok=None) -> EnvSpec:
         except ChatTemplateError as err:
             raise ConfigError(f"{tokenizer_option(cfg)}: {err}") from None
     return entry.factory(cfg, tok)
+
+
+def tokenizer_option(cfg) -> str:
+    """The option the run's tokenizer came from (the environment's own when neither gives one)."""
+    if cfg.tokenizer is not None:
+        return f"tokenizer: {cfg.tokenizer!r}"
+    if cfg.model is not None:
+        return f"model: the tokenizer saved with {cfg.model!r}"
+    return f"env: the {cfg.env} environment's own tokenizer"
 
 
 def run_tokenizer(cfg):
@@ -63,6 +71,7 @@ __all__ = [
     "register_env",
     "make_env",
     "run_tokenizer",
+    "tokenizer_option",
     "ENVS",
     "calc",
     "tinyagent",
