@@ -10,6 +10,7 @@ import torch
 from lrl.decoding import Sampling, TrainerStyleDecoder
 from lrl.episode import Episode
 from lrl.rollout import run_episodes
+from lrl.sections import EvaluationOptions
 
 
 def summarize(episodes: Sequence[Episode], metrics: Sequence[str] = ()) -> dict[str, float]:
@@ -60,3 +61,10 @@ def evaluate(
             by_task.setdefault(e.task.task_id, []).append(e)
         out["tasks"] = {tid: summarize(eps, spec.metrics) for tid, eps in by_task.items()}
     return out
+
+
+def heldout(model, spec, options: EvaluationOptions, seed: int, train_temperature: float) -> dict:
+    """The held-out evaluation a run's evaluation section asks for: ``eval_episodes`` per held-out task, sampled
+    at ``eval_temperature`` (the training temperature where it is none)."""
+    temperature = train_temperature if options.eval_temperature is None else options.eval_temperature
+    return evaluate(model, spec, None, options.eval_episodes, seed, temperature)

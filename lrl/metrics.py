@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from lrl.batch import Batch
+from lrl.sections import WeightingOptions
 from lrl.stats import batch_stats, sequence_corrected_share
 
 UPDATE_KEYS = ("loss", "clip_frac", "approx_kl")  # logged as 0 for a skipped step (nothing moved)
@@ -38,7 +39,7 @@ def step_metrics(
     weights,
     updates: list[dict] | None,
     version: int,
-    cfg,
+    weighting: WeightingOptions,
     times: dict[str, float],
     shift: dict[str, float] | None = None,
     control: dict[str, float] | None = None,
@@ -51,8 +52,10 @@ def step_metrics(
     n_valid = valid.sum().item()
     n_tokens = float(on.sum())
     lag = (version - batch["version"][on]).float()  # [N]
-    raw = batch_stats(old_logp, batch["sample_logp"], mask, weights, cfg.cap)
-    seq = sequence_corrected_share(old_logp, batch["sample_logp"], mask, cfg.cap, cfg.low, cfg.high)
+    raw = batch_stats(old_logp, batch["sample_logp"], mask, weights, weighting.cap)
+    seq = sequence_corrected_share(
+        old_logp, batch["sample_logp"], mask, weighting.cap, weighting.low, weighting.high
+    )
     n_seq = float(on.any(-1).sum())
     means: dict[str, tuple[float, float]] = {
         "train/reward": (masked_mean(batch["reward"], valid).item(), n_valid),

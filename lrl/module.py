@@ -19,7 +19,7 @@ import torch
 
 from lrl.batch import Batch, to_device
 from lrl.distributed import Ranks
-from lrl.evaluation import evaluate
+from lrl.evaluation import heldout
 from lrl.logprobs import scored_in_rows, token_log_probs
 from lrl.losses import clipped_policy_loss
 from lrl.metrics import step_metrics
@@ -88,16 +88,17 @@ class OffPolicyModule(L.LightningModule):
         """The RL step runs without dropout: ``old_logp``, the sampler's log-probs and the loss must be one
         function of the weights. Lightning's evaluation loop restores each module's mode, so eval mode stays."""
         self.policy.eval()
-        if self.cfg.eval_at_start and self.version == 0:  # the starting policy's held-out score, at step 0
+        if self.cfg.evaluation.eval_at_start and self.version == 0:  # the starting policy's held-out score, at step 0
             self.heldout_evaluation()
 
     def configure_optimizers(self):
-        betas = (self.cfg.adam_beta1, 0.999)
-        return torch.optim.Adam(self.policy.parameters(), lr=self.cfg.lr, betas=betas, eps=self.cfg.adam_eps)
+        update = self.cfg.update
+        betas = (update.adam_beta1, 0.999)
+        return torch.optim.Adam(self.policy.parameters(), lr=update.lr, betas=betas, eps=update.adam_eps)
 
     # -- one step ------------------------------------------------------------------------------------
     def training_step(self, deferred, batch_idx):
-        cfg = self.cfg
+        opts = self.cfg.update
         version = self.version
         ranks = Ranks.of(self)
         batch = to_device(
@@ -107,22 +108,24 @@ class OffPolicyModule(L.LightningModule):
         clock = Stopwatch()
         old_logp = self.score(batch)
         clock.lap("old_logp")
-        weights = behavior_weights(old_logp, batch["sample_logp"], batch["action_mask"], cfg)  # [B, T-1]
-        plan = plan_update(batch, old_logp, weights, ranks, cfg.minibatches, self.shuffle, where)
-        guard = UpdateGuard(self.policy, self.optimizers().optimizer) if cfg.max_step_kl else None
-        lr = 0.0 if cfg.freeze_policy else learning_rate(cfg, version)  # frozen: Adam with lr 0 moves nothing
+        weighting = self.cfg.weighting
+        weights = behavior_weights(old_logp, batch["sample_logp"], batch["action_mask"], weighting)  # [B, T-1]
+        plan = plan_update(batch, old_logp, weights, ranks, opts.minibatches, self.shuffle, where)
+        guard = UpdateGuard(self.policy, self.optimizers().optimizer) if opts.max_step_kl else None
+        # frozen: Adam with lr 0 moves nothing
+        lr = 0.0 if opts.freeze_policy else learning_rate(opts, version, self.cfg.max_steps)
         updates = self.update(plan, ranks, lr)
         clock.lap("update")
-        shift = self.measure_shift(batch, old_logp) if cfg.step_kl else None
+        shift = self.measure_shift(batch, old_logp) if opts.step_kl else None
         clock.lap("shift")  # the step's KL, measured with one more forward pass
         control = {"train/lr": lr, "train/minibatches_done": len(updates or [])}
         if guard is not None:  # the whole step moved the policy too far on its own batch: take it back
-            control["train/reverted"] = float(guard.check(shift["step_kl"], cfg.max_step_kl))
+            control["train/reverted"] = float(guard.check(shift["step_kl"], opts.max_step_kl))
         self.version += 1
         self.source.publish(self.policy, self.version)  # the weight sync
         clock.lap("sync")
         means, maxes = step_metrics(
-            batch, old_logp, weights, updates, version, cfg, clock.laps, shift, control
+            batch, old_logp, weights, updates, version, weighting, clock.laps, shift, control
         )
         metrics = ranks.weighted_means(means, maxes)
         self.publish(StepRecord(version, batch, old_logp, weights, metrics))
@@ -157,7 +160,6 @@ class OffPolicyModule(L.LightningModule):
         policies), each backward adding its share of the minibatch's per-token mean to the gradient. NaN/inf
         stops the step before the microbatch's backward; the KL target is checked on the whole minibatch before
         the optimizer steps, so a stopped minibatch changes no weight."""
-        cfg = self.cfg
         optimizer = self.optimizers()
         optimizer.zero_grad()
         parts = self.microbatches(mb, ranks)
@@ -186,17 +188,19 @@ class OffPolicyModule(L.LightningModule):
                 f"non-finite gradient at {mb.where} (norm {grad_norm.item()}); " + not_applied(mb.index)
             )
         st["grad_norm"] = grad_norm.detach()
-        self.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
+        clip = self.cfg.update.max_grad_norm
+        self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm="norm")
         optimizer.optimizer.step()  # the torch optimizer itself; Lightning's counter is stepped once per batch
         return {k: v.detach() for k, v in st.items()}
 
     def past_target(self, mb: Minibatch, kl: float) -> bool:
-        return self.cfg.target_kl is not None and mb.index > 0 and kl > self.cfg.target_kl
+        target = self.cfg.update.target_kl
+        return target is not None and mb.index > 0 and kl > target
 
     def microbatch_loss(self, mb: Minibatch, rows: slice | None, local_tokens, share: float):
         """Loss of one microbatch (``rows`` of the minibatch; None: this rank holds none of it) -> the loss,
         its statistics and NaN/inf counts, scaled to their shares of the minibatch's global per-token mean."""
-        cfg = self.cfg
+        opts = self.cfg.update
         if rows is not None:
             mask = mb.action_mask[rows]
             with autocast(self.precision, self.device):
@@ -204,16 +208,16 @@ class OffPolicyModule(L.LightningModule):
                     self.policy,
                     mb.ids[rows],
                     mb.attention_mask[rows],
-                    cfg.temperature,
+                    self.cfg.sampling.temperature,
                     positions=mask.bool(),
                     entropy=True,
                 )
             loss, st = clipped_policy_loss(
-                logp, mb.old_logp[rows], mb.token_adv[rows], mask, cfg.eps_low, cfg.eps_high
+                logp, mb.old_logp[rows], mb.token_adv[rows], mask, opts.eps_low, opts.eps_high
             )
             entropy = (ent * mask).sum() / mask.sum().clamp(min=1.0)
-            if cfg.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
-                loss = loss - cfg.entropy_coef * entropy
+            if opts.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
+                loss = loss - opts.entropy_coef * entropy
             st["entropy"] = entropy.detach()
             bad = {"logp (log pi)": nonfinite(logp[mask.bool()]), "loss": nonfinite(loss)}
             part = 1.0 if rows == slice(None) else float(mask.sum() / local_tokens.clamp(min=1))
@@ -254,7 +258,7 @@ class OffPolicyModule(L.LightningModule):
                 self.policy,
                 batch["ids"],
                 batch["attention_mask"],
-                self.cfg.temperature,
+                self.cfg.sampling.temperature,
                 positions=batch["action_mask"].bool(),
                 max_tokens=self.memory.score_tokens if self.memory is not None else None,
             )
@@ -327,8 +331,7 @@ class OffPolicyModule(L.LightningModule):
         cfg = self.cfg
         seed = stream_seed(cfg.seed, EVALUATION)
         with autocast(self.precision, self.device):  # the arithmetic the policy is trained and sampled in
-            temperature = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature
-            stats = evaluate(self.policy, self.spec, None, cfg.eval_episodes, seed, temperature)
+            stats = heldout(self.policy, self.spec, cfg.evaluation, seed, cfg.sampling.temperature)
         self.last_eval = {"step": self.version, **stats}
         self.evals.append(self.last_eval)
         keys = ("pass_rate", *self.spec.metrics, "invalid")

@@ -15,6 +15,7 @@ import torch
 
 from lrl.batch import Batch
 from lrl.distributed import Ranks
+from lrl.sections import UpdateOptions
 
 
 class NumericalError(RuntimeError):
@@ -104,15 +105,15 @@ def plan_update(
     return UpdatePlan(minibatches, summed[len(counts)].item() > 0)
 
 
-def learning_rate(cfg, version: int) -> float:
-    """The step's learning rate: cfg.lr, or with ``lr_schedule: cosine`` a cosine from cfg.lr at step 0 down to
-    cfg.lr * cfg.lr_final at the last step; with ``lr_warmup: W`` the first W steps take (v + 1) / (W + 1) of it
-    (a function of the version, so a resumed run continues it)."""
-    warm = min((version + 1) / (cfg.lr_warmup + 1), 1.0)
-    if cfg.lr_schedule == "constant":
-        return cfg.lr * warm
-    progress = min(version / max(cfg.max_steps - 1, 1), 1.0)
-    return warm * cfg.lr * (cfg.lr_final + (1 - cfg.lr_final) * 0.5 * (1 + math.cos(math.pi * progress)))
+def learning_rate(update: UpdateOptions, version: int, max_steps: int) -> float:
+    """The step's learning rate: ``lr``, or with ``lr_schedule: cosine`` a cosine from ``lr`` at step 0 down to
+    ``lr * lr_final`` at the last of `max_steps`; with ``lr_warmup: W`` the first W steps take (v + 1) / (W + 1) of
+    it (a function of the version, so a resumed run continues it)."""
+    warm = min((version + 1) / (update.lr_warmup + 1), 1.0)
+    if update.lr_schedule == "constant":
+        return update.lr * warm
+    progress = min(version / max(max_steps - 1, 1), 1.0)
+    return warm * update.lr * (update.lr_final + (1 - update.lr_final) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 class UpdateGuard:

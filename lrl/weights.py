@@ -1,7 +1,8 @@
 """Behavior-policy correction weights w = pi_old / mu, as small pure functions.
 
 Corrections are registry entries (``register_correction(name)``, decorating
-``fn(logp_trainer, logp_sampler, mask, cfg) -> weights [B, T]``, detached, 0 off the mask); ``none``,
+``fn(logp_trainer, logp_sampler, mask, options) -> weights [B, T]``, detached, 0 off the mask, where ``options`` is
+the run's :class:`~lrl.sections.WeightingOptions`: ``correction``, ``level``, ``cap``, ``low``, ``high``, ``veto``); ``none``,
 ``tis`` and ``mis`` are registered the same way as a user's own. Every function takes the trainer's log-probs ``logp_trainer`` (pi_old), the sampler's log-probs
 ``logp_sampler`` (mu) and the action ``mask``, all ``[B, T]``, and returns detached weights ``[B, T]``
 that are 0 off the mask. All arithmetic is in log space, so a product over a 1,000-token episode neither
@@ -20,10 +21,11 @@ import math
 import torch
 
 from lrl.registry import CORRECTIONS
+from lrl.sections import WeightingOptions
 
 LEVELS = ("token", "sequence", "geometric")
 EDGE_TOL = 1e-6  # log-space slack at the MIS band edges: a ratio within 1e-6 (relative) of an edge is on it
-register_correction = CORRECTIONS.register  # fn(logp_trainer, logp_sampler, mask, cfg) -> weights [B, T]
+register_correction = CORRECTIONS.register  # fn(logp_trainer, logp_sampler, mask, options) -> weights [B, T]
 
 
 def _check_level(level: str) -> None:
@@ -72,32 +74,32 @@ def veto_mask(logp_trainer, logp_sampler, mask, threshold: float) -> torch.Tenso
     return (~bad.any(-1, keepdim=True)).to(logp_trainer.dtype)
 
 
-def behavior_weights(logp_trainer, logp_sampler, mask, cfg) -> torch.Tensor:
+def behavior_weights(logp_trainer, logp_sampler, mask, options: WeightingOptions) -> torch.Tensor:
     """The weight each action token's advantage is multiplied by: [B, T] -> [B, T], 0 off the mask.
 
-    The correction named by ``cfg.correction`` (a registry entry: ``none`` returns the action mask itself,
-    the on-policy update); a ``cfg.veto`` threshold additionally zeroes every episode holding a token with
+    The correction named by ``options.correction`` (a registry entry: ``none`` returns the action mask itself,
+    the on-policy update); a ``options.veto`` threshold additionally zeroes every episode holding a token with
     ratio below it.
     """
-    weights = CORRECTIONS.get(cfg.correction).factory(logp_trainer, logp_sampler, mask, cfg)
-    if cfg.veto > 0:
-        weights = weights * veto_mask(logp_trainer, logp_sampler, mask, cfg.veto)
+    weights = CORRECTIONS.get(options.correction).factory(logp_trainer, logp_sampler, mask, options)
+    if options.veto > 0:
+        weights = weights * veto_mask(logp_trainer, logp_sampler, mask, options.veto)
     return weights
 
 
 @register_correction("none")
-def _none(logp_trainer, logp_sampler, mask, cfg) -> torch.Tensor:
+def _none(logp_trainer, logp_sampler, mask, options) -> torch.Tensor:
     """ignore mu: the weights are the action mask (the trainer-only update)"""
     return mask.to(logp_trainer.dtype)
 
 
 @register_correction("tis", uses=("cap", "level"))
-def _tis(logp_trainer, logp_sampler, mask, cfg) -> torch.Tensor:
-    """truncated IS: min(pi_old/mu, cap) at cfg.level"""
-    return tis_weights(logp_trainer, logp_sampler, mask, cfg.cap, cfg.level)
+def _tis(logp_trainer, logp_sampler, mask, options) -> torch.Tensor:
+    """truncated IS: min(pi_old/mu, cap) at the ratio's level"""
+    return tis_weights(logp_trainer, logp_sampler, mask, options.cap, options.level)
 
 
 @register_correction("mis", uses=("low", "high", "level"))
-def _mis(logp_trainer, logp_sampler, mask, cfg) -> torch.Tensor:
-    """masked IS (IcePop): pi_old/mu inside [low, high] at cfg.level, else 0"""
-    return mis_weights(logp_trainer, logp_sampler, mask, cfg.low, cfg.high, cfg.level)
+def _mis(logp_trainer, logp_sampler, mask, options) -> torch.Tensor:
+    """masked IS (IcePop): pi_old/mu inside [low, high] at the ratio's level, else 0"""
+    return mis_weights(logp_trainer, logp_sampler, mask, options.low, options.high, options.level)

@@ -1,22 +1,24 @@
 """Behavior samplers, chosen by name from the registry: ``make_sampler(cfg, tok)``.
 
 The built-in names are presets of three orthogonal choices (see samplers/base.py): ``onpolicy`` samples
-with the trainer's module itself; ``lagged`` with the weights ``cfg.lag`` updates old; ``fp8`` with weights
-rounded to float8 (optionally also ``cfg.lag`` old); ``engine`` decodes engine-style (KV cache, its own
-dtype; see samplers/engine.py), composable with ``cfg.lag`` and FP8 (``cfg.engine_fp8``); ``vllm`` samples on a real
-vLLM engine (samplers/vllm.py), composable with the same two axes and ``cfg.sync_every``.
+with the trainer's module itself; ``lagged`` with the weights ``lag`` updates old; ``fp8`` with weights
+rounded to float8 (optionally also ``lag`` old); ``engine`` decodes engine-style (KV cache, its own
+dtype; see samplers/engine.py), composable with ``lag`` and FP8 (``engine_fp8``); ``vllm`` samples on a real
+vLLM engine (samplers/vllm.py), composable with the same two axes and ``sync_every``. Each factory reads its
+options from the run's sampling section (``cfg.sampling``, :class:`lrl.sections.SamplingOptions`).
 
 A user's sampler registers the same way, from any module named in ``plugins``::
 
     @samplers.register("mine", uses=("lag",))
     def mine(cfg, tok):
-        return MySampler(tok, cfg.lag)
+        return MySampler(tok, cfg.sampling.lag)
 """
 
 from __future__ import annotations
 
 from lrl.decoding import Sampling
 from lrl.registry import SAMPLERS
+from lrl.sections import SamplingOptions
 from samplers.base import BehaviorSampler, OnPolicySampler, cpu_state
 from samplers.engine import EngineSampler
 from samplers.fp8 import fp8_transform, round_fp8
@@ -25,32 +27,36 @@ from samplers.vllm import VLLMSampler, model_problems, vllm_missing
 register = SAMPLERS.register
 
 
-def sampling(cfg) -> Sampling:
+def sampling(options: SamplingOptions) -> Sampling:
     """The distribution a sampler draws from: temperature, and top-p/top-k where the sampler reads them."""
-    return Sampling(cfg.temperature, cfg.top_p, cfg.top_k)
+    return Sampling(options.temperature, options.top_p, options.top_k)
 
 
 @register("onpolicy", uses=("decode",))
 def _onpolicy(cfg, tok):
     """the trainer's own weights and module (staleness 0)"""
-    return OnPolicySampler(tok, sampling(cfg), cfg.decode, cfg.precision)
+    s = cfg.sampling
+    return OnPolicySampler(tok, sampling(s), s.decode, cfg.precision)
 
 
 @register("lagged", uses=("lag", "decode"))
 def _lagged(cfg, tok):
     """the weights `lag` updates old"""
-    return BehaviorSampler(tok, cfg.lag, None, sampling(cfg), cfg.decode, cfg.precision)
+    s = cfg.sampling
+    return BehaviorSampler(tok, s.lag, None, sampling(s), s.decode, cfg.precision)
 
 
 @register("fp8", uses=("lag", "fp8_scale", "decode"))
 def _fp8(cfg, tok):
     """weights rounded to float8 (e4m3) and back, optionally `lag` updates old"""
-    return BehaviorSampler(tok, cfg.lag, fp8_transform(cfg.fp8_scale), sampling(cfg), cfg.decode, cfg.precision)
+    s = cfg.sampling
+    return BehaviorSampler(tok, s.lag, fp8_transform(s.fp8_scale), sampling(s), s.decode, cfg.precision)
 
 
 def _engine_check(cfg) -> list[str]:
-    if cfg.fp8_scale != "none" and not cfg.engine_fp8:
-        return [f"fp8_scale: {cfg.fp8_scale!r} applies to the engine only with engine_fp8: true"]
+    s = cfg.sampling
+    if s.fp8_scale != "none" and not s.engine_fp8:
+        return [f"fp8_scale: {s.fp8_scale!r} applies to the engine only with engine_fp8: true"]
     return []
 
 
@@ -59,20 +65,20 @@ def _engine_check(cfg) -> list[str]:
 )
 def _engine(cfg, tok):
     """engine-style decoding: KV cache, its own dtype, top-k/top-p, optionally FP8 and `lag` old"""
-    transform = fp8_transform(cfg.fp8_scale) if cfg.engine_fp8 else None
-    return EngineSampler(tok, cfg.lag, transform, sampling(cfg), cfg.engine_dtype)
+    s = cfg.sampling
+    transform = fp8_transform(s.fp8_scale) if s.engine_fp8 else None
+    return EngineSampler(tok, s.lag, transform, sampling(s), s.engine_dtype)
 
 
 def _vllm_check(cfg) -> list[str]:
     missing = vllm_missing()
     problems = [f"sampler: {missing}"] if missing else []
-    if cfg.fp8_scale != "none" and not cfg.engine_fp8:
-        problems.append(f"fp8_scale: {cfg.fp8_scale!r} applies to the engine only with engine_fp8: true")
-    return problems
+    return problems + _engine_check(cfg)
 
 
 def _vllm_model_check(cfg, spec, model) -> list[str]:
-    return model_problems(model, cfg.vllm_kv_cache, cfg.vllm_dtype, spec.max_episode_tokens)
+    s = cfg.sampling
+    return model_problems(model, s.vllm_kv_cache, s.vllm_dtype, spec.max_episode_tokens)
 
 
 @register(
@@ -83,15 +89,16 @@ def _vllm_model_check(cfg, spec, model) -> list[str]:
 )
 def _vllm(cfg, tok):
     """a real vLLM engine, weights synced in place every sync_every updates, optionally FP8 and `lag` old"""
-    transform = fp8_transform(cfg.fp8_scale) if cfg.engine_fp8 else None
+    s = cfg.sampling
+    transform = fp8_transform(s.fp8_scale) if s.engine_fp8 else None
     return VLLMSampler(
         tok,
-        cfg.lag,
+        s.lag,
         transform,
-        sampling(cfg),
-        cfg.vllm_dtype,
-        cfg.vllm_kv_cache,
-        cfg.sync_every,
+        sampling(s),
+        s.vllm_dtype,
+        s.vllm_kv_cache,
+        s.sync_every,
         cfg.seed,
         cfg.model,
     )

@@ -100,11 +100,11 @@ def test_the_kl_early_stop_skips_the_remaining_minibatches(format_policy):
 
 def test_the_cosine_schedule_runs_from_lr_to_lr_final():
     cfg = quick_cfg(max_steps=11, lr=1e-3, lr_schedule="cosine", lr_final=0.1)
-    rates = [learning_rate(cfg, v) for v in range(11)]
+    rates = [learning_rate(cfg.update, v, cfg.max_steps) for v in range(11)]
     assert rates[0] == pytest.approx(1e-3) and rates[-1] == pytest.approx(1e-4)
     assert rates[5] == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi / 2)))
     assert all(a >= b for a, b in zip(rates, rates[1:]))
-    assert learning_rate(quick_cfg(lr=1e-3, lr_schedule="constant"), 7) == 1e-3
+    assert learning_rate(quick_cfg(lr=1e-3, lr_schedule="constant").update, 7, 40) == 1e-3
 
 
 # -- the jump monitor's tests, on fed metrics -------------------------------------------------------------
@@ -160,11 +160,11 @@ def test_a_step_the_update_guard_took_back_is_not_a_kl_jump():
 
 def test_warmup_ramps_the_first_steps_then_follows_the_schedule():
     cfg = quick_cfg(max_steps=11, lr=1e-3, lr_schedule="constant", lr_warmup=3)
-    assert [learning_rate(cfg, v) for v in range(5)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert [learning_rate(cfg.update, v, 11) for v in range(5)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
     cosine = quick_cfg(max_steps=11, lr=1e-3, lr_schedule="cosine", lr_final=0.1, lr_warmup=1)
     plain = cosine.replace(lr_warmup=0)
-    assert learning_rate(cosine, 0) == pytest.approx(0.5 * learning_rate(plain, 0))
-    assert learning_rate(cosine, 5) == learning_rate(plain, 5)
+    assert learning_rate(cosine.update, 0, 11) == pytest.approx(0.5 * learning_rate(plain.update, 0, 11))
+    assert learning_rate(cosine.update, 5, 11) == learning_rate(plain.update, 5, 11)
 
 
 def test_the_entropy_bonus_keeps_the_policy_less_certain(format_policy):
