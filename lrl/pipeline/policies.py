@@ -27,14 +27,10 @@ from __future__ import annotations
 import enum
 import math
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 from lrl.registry import STALENESS
-
-if TYPE_CHECKING:
-    from lrl.pipeline.schedule import FreeSchedule
-    from lrl.pipeline.worker.mode import Mode
 
 
 class Verdict(enum.Enum):
@@ -45,12 +41,38 @@ class Verdict(enum.Enum):
     DROP = "dropped"  # not trained: recorded, its length logged, its tokens counted as wasted
 
 
+class ScheduleView(Protocol):
+    """What a policy's take reads and asks of the controller's free-running schedule
+    (:class:`lrl.pipeline.schedule.FreeSchedule` has it)."""
+
+    groups_per_batch: int  # groups a batch is made of
+    ready: list[tuple[int, list[Any]]]  # finished groups (serial, episodes), in the order they finished
+    owner: Mapping[int, int]  # serial -> worker, of every group out
+    cutting: set[int] | None  # serials asked to be cut and not answered yet; None when none was asked
+
+    def ask_cut(self, serials: Sequence[int], now: float) -> None:
+        """Ask the workers holding `serials` to send them without their unfinished episodes."""
+
+    def cuts_answered(self) -> None:
+        """Close an ask whose every cut was answered."""
+
+
+class WorkerView(Protocol):
+    """What a policy does to the work a free-running worker holds (:class:`lrl.pipeline.worker.mode.Mode` has it)."""
+
+    def abort_stale(self, version: int) -> int:
+        """Stop the episodes that can no longer be trained within the bound at `version`; start their tasks again -> how many."""
+
+    def cut_stragglers(self, version: int) -> int:
+        """Send the groups at their last trainable version without their unfinished episodes, if half finished -> how many."""
+
+
 class StalePolicy(Protocol):
     """The hooks of a staleness policy. :class:`Drop` has them all; a policy that differs in one overrides it."""
 
     name: ClassVar[str]  # its registered name (set by register_stale_policy)
 
-    def choose(self, schedule: FreeSchedule) -> list[int] | None:
+    def choose(self, schedule: ScheduleView) -> list[int] | None:
         """The free-running take, once ``schedule.groups_per_batch`` groups have finished -> the positions in
         ``schedule.ready`` (finished groups ``(serial, episodes)``, in the order they finished) of the batch's
         groups, in the order they are trained; None: wait (the take is asked again as messages come).
@@ -63,7 +85,7 @@ class StalePolicy(Protocol):
         """An episode taken whose action tokens carry the versions `tags`, where `oldest` is the oldest version a
         trained token may have -> keep, mask (its tokens older than `oldest`) or drop it."""
 
-    def published(self, worker: Mode, version: int) -> None:
+    def published(self, worker: WorkerView, version: int) -> None:
         """A free-running worker sees `version` on the board, newer than any it saw before (its weights may still
         be older): what it does to the work it holds (``worker.abort_stale``, ``worker.cut_stragglers``)."""
 
@@ -112,13 +134,13 @@ class Drop:
     def __init__(self, cfg=None):
         pass
 
-    def choose(self, schedule: FreeSchedule) -> list[int] | None:
+    def choose(self, schedule: ScheduleView) -> list[int] | None:
         return list(range(schedule.groups_per_batch))  # the oldest finished
 
     def verdict(self, tags: Sequence[int], oldest: int) -> Verdict:
         return Verdict.DROP if tags and min(tags) < oldest else Verdict.KEEP
 
-    def published(self, worker: Mode, version: int) -> None:
+    def published(self, worker: WorkerView, version: int) -> None:
         pass
 
     def measured(self, trainer_seconds: Sequence[float]) -> None:
@@ -148,7 +170,7 @@ class Mask(Drop):
 class Abort(Drop):
     """stop an episode in the worker once it cannot be trained within the bound, and start its task again"""
 
-    def published(self, worker: Mode, version: int) -> None:
+    def published(self, worker: WorkerView, version: int) -> None:
         worker.abort_stale(version)
 
 
@@ -156,7 +178,7 @@ class Abort(Drop):
 class OldestFirst(Drop):
     """take the finished groups whose oldest action token is oldest first (then drop)"""
 
-    def choose(self, schedule: FreeSchedule) -> list[int] | None:
+    def choose(self, schedule: ScheduleView) -> list[int] | None:
         """The groups closest to the bound (or past it), in the order they finished among equals."""
         ready = schedule.ready
         tags = [oldest_tag(episodes) for _, episodes in ready]
@@ -167,7 +189,7 @@ class OldestFirst(Drop):
 class Cut(Drop):
     """send a group at its last trainable version without its unfinished episodes, if half finished (then drop)"""
 
-    def published(self, worker: Mode, version: int) -> None:
+    def published(self, worker: WorkerView, version: int) -> None:
         worker.cut_stragglers(version)
 
 
@@ -197,7 +219,7 @@ class Ordered(Drop):
             return {"pipeline/take_patience": self.patience}  # the patience this take had, in seconds
         return {}
 
-    def choose(self, schedule: FreeSchedule) -> list[int] | None:
+    def choose(self, schedule: ScheduleView) -> list[int] | None:
         ready, count = schedule.ready, schedule.groups_per_batch
         if schedule.cutting is None:
             last = ready[earliest_issued(ready, count)[-1]][0]
@@ -254,9 +276,11 @@ __all__ = [
     "Mask",
     "OldestFirst",
     "Ordered",
+    "ScheduleView",
     "StalePolicy",
     "ThrottleOnly",
     "Verdict",
+    "WorkerView",
     "issue_limit",
     "make_stale_policy",
     "oldest_tag",

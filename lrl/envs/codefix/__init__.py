@@ -13,12 +13,11 @@ import threading
 
 from lrl.envs.base import EnvSpec
 from lrl.envs.codefix.env import COUNTERS, CodeFixEnv
+from lrl.envs.codefix.folder import TaskFolderError, load_tasks
 from lrl.envs.codefix.tasks import (
     FAMILIES,
     MAX_CANDIDATES,
     CodeTask,
-    TaskFolderError,
-    load_tasks,
     make_code_tasks,
     vocabulary_words,
 )

@@ -325,7 +325,3 @@ def vocabulary_words() -> list[str]:
     words.update(["passed", "failed", "error", "timeout"])
     words.update(str(i) for i in range(0, 33))
     return sorted(words)
-
-
-# a user's tasks, from a folder (kept importable from here)
-from lrl.envs.codefix.folder import TaskFolderError, load_tasks  # noqa: E402, F401

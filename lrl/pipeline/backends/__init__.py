@@ -88,6 +88,12 @@ def _ray(cfg):
     return RayWorkers(cfg)
 
 
-__all__ = ["BACKENDS", "make_workers", "register_backend"]
+@register_backend("thread")
+def _thread(cfg):
+    """rollout workers as threads of the trainer's process: one process, for a debugger or a notebook"""
+    from lrl.pipeline.backends.thread import ThreadWorkers
 
-from lrl.pipeline.backends import thread  # noqa: E402,F401  (registers the thread backend)
+    return ThreadWorkers(cfg.worker_timeout)
+
+
+__all__ = ["BACKENDS", "make_workers", "register_backend"]

@@ -21,7 +21,6 @@ import queue
 import threading
 import time
 
-from lrl.pipeline.backends import register_backend
 from lrl.pipeline.backends.base import (
     CHECK_SECONDS,
     CLOSE_SECONDS,
@@ -125,9 +124,3 @@ class ThreadWorkers:
                 self.outbox.get_nowait()
         except queue.Empty:
             pass
-
-
-@register_backend("thread")
-def _thread(cfg):
-    """rollout workers as threads of the trainer's process: one process, for a debugger or a notebook"""
-    return ThreadWorkers(cfg.worker_timeout)
