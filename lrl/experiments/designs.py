@@ -51,6 +51,7 @@ from lrl.experiments.workload import (
     switch_seconds,
     trainer_seconds,
 )
+from lrl.pipeline.policies import DEFAULT_POLICY, takes_patience
 from lrl.sim.board import Steps  # a patience in trainer steps
 
 CODEFIX_STEPS = 12  # codefix steps cost seconds of real test runs; its policy has learned by about step 5
@@ -84,14 +85,14 @@ def run_flags(
     env: str = "tinyagent",
     slots: int = SLOTS,
     frozen: bool = False,
-    policy: str = "drop",
+    policy: str = DEFAULT_POLICY,
 ) -> list[str]:
     spec = DESIGNS[design]
     base = CODEFIX_FLAGS if env == "codefix" else DESIGN_FLAGS
     flags = [*base, *spec["flags"], "--seed", str(repeat), "--slots", str(slots)]
     if not spec.get("sync"):
         flags += ["--staleness-drop", "true" if drop else "false"]
-        if policy != "drop":
+        if policy != DEFAULT_POLICY:
             name, wait = split_policy(policy)
             flags += ["--stale-policy", name]
             if wait is not None:
@@ -260,7 +261,7 @@ def split_policy(label: str) -> tuple[str, float | None]:
         value = float(wait[:-1] if steps else wait)
     except ValueError:
         value = math.nan
-    if name != "ordered" or not value >= 0 or not math.isfinite(value):
+    if not takes_patience(name) or not value >= 0 or not math.isfinite(value):
         raise SystemExit(
             f"policy {label!r}: only ordered takes a patience, in seconds >= 0 (ordered@1.2) or in trainer steps "
             "(ordered@1x)"
@@ -614,12 +615,16 @@ def env_prefix(env: str) -> str:
 
 
 def run_folder(
-    env: str = "tinyagent", drop: bool = True, frozen: bool = False, slots: int = SLOTS, policy: str = "drop"
+    env: str = "tinyagent",
+    drop: bool = True,
+    frozen: bool = False,
+    slots: int = SLOTS,
+    policy: str = DEFAULT_POLICY,
 ) -> str:
     """The folder name under results/designs of a setting's runs: ``[codefix-]hard|throttle[-frozen][-sN][-P]``."""
     name = env_prefix(env) + ("hard" if drop else "throttle") + ("-frozen" if frozen else "")
     name += f"-s{slots}" if slots != SLOTS else ""
-    if policy == "drop":
+    if policy == DEFAULT_POLICY:
         return name
     base, wait = split_policy(policy)
     return name + f"-{base}" + (f"-w{patience_text(wait)}" if wait is not None else "")

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from lrl.cli import OneLineParser
-from lrl.pipeline.policies import STALE_POLICIES
+from lrl.pipeline.policies import DEFAULT_POLICY, STALE_POLICIES, takes_patience
 from lrl.experiments.calibrate import (
     SKIP,
     async_train_time,
@@ -256,13 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
 def check_designs(args, p: argparse.ArgumentParser) -> None:
     """--designs' options, by train.py's rules where train.py has them, and --predict-from's calibrations (every
     seed's a run will use), before any run."""
-    if args.stale_policy != "drop" and not args.staleness_drop:
+    if args.stale_policy != DEFAULT_POLICY and not args.staleness_drop:
         p.error("--stale-policy applies to the hard bound: it cannot go with --staleness-drop false")
     if args.take_patience is not None and args.take_patience_steps is not None:
         p.error("--take-patience-steps applies to --stale-policy ordered, instead of --take-patience")
     patience = [args.take_patience] if args.take_patience is not None else None
     steps = [args.take_patience_steps] if args.take_patience_steps is not None else None
-    for problem in patience_problems(patience, steps, args.stale_policy == "ordered", "--stale-policy"):
+    for problem in patience_problems(patience, steps, takes_patience(args.stale_policy), "--stale-policy"):
         p.error(problem)
     if args.slots is not None and args.slots < 1:
         p.error("--slots must be at least 1")

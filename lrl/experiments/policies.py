@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lrl.pipeline.policies import STALE_POLICIES
+from lrl.pipeline.policies import STALE_POLICIES, takes_patience
 from lrl.experiments.designs import (
     DESIGNS,
     calibration_of,
@@ -46,7 +46,7 @@ def labels(root: Path = ROOT, env: str = "tinyagent", frozen: bool = False) -> l
     out = []
     for policy in STALE_POLICIES:
         out.append(policy)
-        if policy == "ordered":
+        if takes_patience(policy):
             base = folder(policy, root, env, frozen).name + "-w"
             seconds, steps = [], []
             for path in root.glob(base + "*"):

@@ -250,6 +250,14 @@ def patience_seconds(steps: float, trainer_seconds: Sequence[float]) -> float:
 # the built-in policies that act past the bound, in the order the docs and the lab list them (--stale-policy offers
 # every registered name, ``none`` and a plugin's among them)
 STALE_POLICIES = tuple(cls.name for cls in (Drop, Mask, Abort, OldestFirst, Cut, Ordered))
+DEFAULT_POLICY = Drop.name  # --stale-policy's default
+
+
+def takes_patience(name: str) -> bool:
+    """Whether the policy registered as `name` reads a take patience (``--take-patience``,
+    ``--take-patience-steps``); False for a name that is not registered."""
+    entry = STALENESS.get(name, None)
+    return entry is not None and "take_patience" in entry.uses
 
 
 # -- the throttle and a worker's capacity (the pipeline and the simulator) ----------------------------------------
@@ -269,6 +277,7 @@ def worker_capacity(slots: int, unit: int) -> int:
 
 
 __all__ = [
+    "DEFAULT_POLICY",
     "STALE_POLICIES",
     "Abort",
     "Cut",
@@ -286,6 +295,7 @@ __all__ = [
     "oldest_tag",
     "patience_seconds",
     "register_stale_policy",
+    "takes_patience",
     "unit_episodes",
     "worker_capacity",
 ]

@@ -90,8 +90,9 @@ def patience_problems(patience, patience_steps, ordered: bool, policy_flag: str)
 def cli_problems(args) -> list[str]:
     """``python -m lrl.sim``'s options that train.py shares, by train.py's rules, and the files it will write:
     checked before any work, so that a refusal is one line and nothing ran."""
+    from lrl.pipeline.policies import takes_patience
     from lrl.runs import check_output
 
-    ordered = "ordered" in (args.policies or [])
-    problems = patience_problems(args.take_patience, args.take_patience_steps, ordered, "--policies")
+    patient = any(takes_patience(policy) for policy in args.policies or [])
+    problems = patience_problems(args.take_patience, args.take_patience_steps, patient, "--policies")
     return problems + check_output("--json", args.json, "file") + check_output("--plot", args.plot, "dir")
