@@ -83,7 +83,7 @@ def run(argv: list[str]) -> int:
         return 2
     # Lightning's info lines (accelerators found, tips) are not what a user of train.py needs
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    from callbacks.health import HealthCheckError
+    from lrl.callbacks.health import HealthCheckError
     from lrl.errors import EngineError, OutputError, WorkerError
     from lrl.run import build_run, fit, startup_notes
     from lrl.update import NumericalError

@@ -58,7 +58,7 @@ def timed_hooks(callback: L.Callback, spent: list[float]) -> L.Callback:
 
 
 def one_arm(monitoring: bool, steps: int, log_dir: str) -> tuple[list[tuple[float, float]], float]:
-    from callbacks import build_callbacks
+    from lrl.callbacks import build_callbacks
     from lrl.config import Config
     from lrl.run import build_run
 

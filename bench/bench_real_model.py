@@ -113,7 +113,7 @@ def decode_rows(model, tok, batches, new_tokens, repeats, skip_vllm, limits):
 
 
 def vllm_rows(model, prompts, new_tokens, repeats, flops_per_token, limit, b):
-    from samplers.vllm import vllm_missing
+    from lrl.samplers.vllm import vllm_missing
 
     if vllm_missing():
         return []
@@ -164,10 +164,10 @@ def sync_rows(model, skip_vllm):
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     s = best(lambda: engine.load_state_dict(state), 3)
     rows = [("lrl engine bf16 copy", s)]
-    from samplers.vllm import vllm_missing
+    from lrl.samplers.vllm import vllm_missing
 
     if not skip_vllm and not vllm_missing():
-        from samplers.vllm import VLLMSampler
+        from lrl.samplers.vllm import VLLMSampler
 
         class Tok:
             eos_id = -1

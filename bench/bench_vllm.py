@@ -39,7 +39,7 @@ def episodes_rows(repeats: int) -> list[tuple[str, float, float]]:
     import torch
 
     from lrl.envs.tinyagent import tinyagent_spec
-    from samplers import EngineSampler, OnPolicySampler, VLLMSampler
+    from lrl.samplers import EngineSampler, OnPolicySampler, VLLMSampler
 
     spec = tinyagent_spec()
     policy = spec.warm_start().eval()
@@ -68,8 +68,8 @@ def generation_rows(shape: str, repeats: int) -> list[tuple[str, float]]:
 
     from lrl.envs.tinyagent import build_tokenizer, make_tasks
     from lrl.kvcache import engine_generate
+    from lrl.samplers import VLLMSampler
     from lrl.tools.mismatch import gym_prompts, random_model
-    from samplers import VLLMSampler
 
     tok = build_tokenizer(make_tasks("all"))
     if shape == "tiny":
@@ -125,8 +125,8 @@ def sync_ms(shape: str) -> tuple[int, float]:
     import torch
 
     from lrl.envs.tinyagent import build_tokenizer, make_tasks
+    from lrl.samplers import VLLMSampler
     from lrl.tools.mismatch import random_model
-    from samplers import VLLMSampler
 
     tok = build_tokenizer(make_tasks("all"))
     if shape == "tiny":
@@ -157,7 +157,7 @@ def main() -> int:
     )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
-    from samplers.vllm import ENGINE_ENV, vllm_missing
+    from lrl.samplers.vllm import ENGINE_ENV, vllm_missing
 
     missing = vllm_missing()
     if missing:

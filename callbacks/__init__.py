@@ -20,30 +20,30 @@ from lrl.registry import CALLBACKS
 # the callbacks load on first use: importing this package (as the config's validation does, to know the registered
 # names) imports nothing of Lightning
 _LAZY = {
-    "EnvironmentMonitor": "callbacks.environment",
-    "HealthCheck": "callbacks.health",
-    "HealthCheckError": "callbacks.health",
-    "JumpMonitor": "callbacks.jumps",
-    "MismatchMonitor": "callbacks.mismatch",
-    "StalenessMonitor": "callbacks.staleness",
-    "TimingMonitor": "callbacks.timing",
+    "EnvironmentMonitor": "lrl.callbacks.environment",
+    "HealthCheck": "lrl.callbacks.health",
+    "HealthCheckError": "lrl.callbacks.health",
+    "JumpMonitor": "lrl.callbacks.jumps",
+    "MismatchMonitor": "lrl.callbacks.mismatch",
+    "StalenessMonitor": "lrl.callbacks.staleness",
+    "TimingMonitor": "lrl.callbacks.timing",
 }
 
 
 def __getattr__(name):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'callbacks' has no attribute {name!r}")
+    raise AttributeError(f"module 'lrl.callbacks' has no attribute {name!r}")
 
 
 def build_callbacks(cfg) -> list:
     """The monitoring callbacks a Config switches on, in hook order (TimingMonitor last, to time the others)."""
-    from callbacks.environment import EnvironmentMonitor
-    from callbacks.health import HealthCheck
-    from callbacks.jumps import JumpMonitor
-    from callbacks.mismatch import MismatchMonitor
-    from callbacks.staleness import StalenessMonitor
-    from callbacks.timing import TimingMonitor
+    from lrl.callbacks.environment import EnvironmentMonitor
+    from lrl.callbacks.health import HealthCheck
+    from lrl.callbacks.jumps import JumpMonitor
+    from lrl.callbacks.mismatch import MismatchMonitor
+    from lrl.callbacks.staleness import StalenessMonitor
+    from lrl.callbacks.timing import TimingMonitor
 
     out: list = []
     if cfg.health_check:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from callbacks._common import log_scalars, log_step, published, tensorboard
+from lrl.callbacks._common import log_scalars, log_step, published, tensorboard
 
 
 def quantile(values: list[float], q: float) -> float:

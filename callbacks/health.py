@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 
-from callbacks._common import log_step, published
+from lrl.callbacks._common import log_step, published
 from lrl.stats import abs_diff_stats
 
 

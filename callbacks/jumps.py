@@ -27,7 +27,7 @@ import statistics
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 
-from callbacks._common import log_scalars, log_step, published, tensorboard
+from lrl.callbacks._common import log_scalars, log_step, published, tensorboard
 
 ZERO_LEVEL = 1e-12  # a median below this is reported as 0, without a ratio
 KL, INVALID = "train/step_kl", "train/invalid"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from callbacks._common import RunningMean, log_scalars, log_step, published, tensorboard
+from lrl.callbacks._common import RunningMean, log_scalars, log_step, published, tensorboard
 from lrl.distributed import Ranks
 from lrl.stats import mismatch_stats
 

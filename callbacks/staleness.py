@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from callbacks._common import RunningMean, integer_bins, log_scalars, log_step, published, tensorboard
+from lrl.callbacks._common import RunningMean, integer_bins, log_scalars, log_step, published, tensorboard
 from lrl.distributed import Ranks
 from lrl.stats import episode_staleness, token_staleness
 

@@ -6,7 +6,7 @@ import time
 
 import lightning as L
 
-from callbacks._common import RunningMean, log_scalars
+from lrl.callbacks._common import RunningMean, log_scalars
 
 PHASES = ("sample", "old_logp", "update", "shift", "sync")
 

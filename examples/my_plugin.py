@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import lightning as L
 
-import callbacks
 import lrl.envs
 import lrl.weights
-import samplers
+from lrl import callbacks, samplers
 from lrl.decoding import Sampling
 from lrl.envs import EnvSpec, StepResult
 from lrl.pipeline.policies import Drop, register_stale_policy
@@ -28,7 +27,8 @@ from lrl.warmstart import fit_demonstrations
 @samplers.register("lagged_topk", uses=("lag", "top_k"))
 def lagged_topk(cfg, tok):
     """the weights `lag` updates old, sampled among the top_k most likely tokens (trainer-style decoding)"""
-    return samplers.BehaviorSampler(tok, cfg.lag, sampling=Sampling(cfg.temperature, top_k=cfg.top_k or 5))
+    s = cfg.sampling  # the sampler's section of the config (lrl.sections.SamplingOptions)
+    return samplers.BehaviorSampler(tok, s.lag, sampling=Sampling(s.temperature, top_k=s.top_k or 5))
 
 
 # -- a wrapped built-in sampler: the on-policy one, counting its weight syncs ----------------------------
@@ -49,10 +49,10 @@ def onpolicy_counted(cfg, tok):
 
 # -- a correction: truncate the ratio on both sides, into [1/cap, cap] -------------------------------------
 @lrl.weights.register_correction("tis_both", uses=("cap",))
-def tis_both(logp_trainer, logp_sampler, mask, cfg):
+def tis_both(logp_trainer, logp_sampler, mask, options):
     """importance weights pi_old/mu clamped into [1/cap, cap]: [B, T] -> [B, T], 0 off the mask"""
     gap = logp_trainer.detach() - logp_sampler  # log of the importance ratio, no gradient
-    return gap.clamp(-math.log(cfg.cap), math.log(cfg.cap)).exp() * mask
+    return gap.clamp(-math.log(options.cap), math.log(options.cap)).exp() * mask
 
 
 # -- an environment: repeat the word you are shown --------------------------------------------------------

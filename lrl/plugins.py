@@ -20,12 +20,12 @@ from lrl.stopping import StoppedBeforeTraining
 
 # the packages whose entries register themselves when they are imported
 BUILTINS = (
-    "callbacks",
+    "lrl.callbacks",
     "lrl.envs",
     "lrl.pipeline.backends",
     "lrl.pipeline.policies",
     "lrl.weights",
-    "samplers",
+    "lrl.samplers",
 )
 
 _loaded: set[str] = set()  # the modules this loader imported (or found imported) already

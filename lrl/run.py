@@ -68,8 +68,8 @@ def make_source(cfg: Config, spec, policy):
         from lrl.pipeline.source import AsyncSource
 
         return AsyncSource(cfg, spec, policy)
+    from lrl.samplers import make_sampler
     from lrl.sources.sync import SyncSource
-    from samplers import make_sampler
 
     return SyncSource(make_sampler(cfg, spec.tok), spec, cfg)
 
@@ -122,7 +122,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
             cfg.log_dir, cfg.run_name, folder.version, default_hp_metric=False, **purge
         )
     if callbacks is None:  # the monitoring callbacks the config switches on
-        from callbacks import build_callbacks
+        from lrl.callbacks import build_callbacks
 
         callbacks = build_callbacks(cfg)
     run_dir = str(folder.path) if folder is not None else None

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from lrl.decoding import Sampling
 from lrl.registry import SAMPLERS
+from lrl.samplers.base import BehaviorSampler, OnPolicySampler, cpu_state
+from lrl.samplers.engine import EngineSampler
+from lrl.samplers.fp8 import fp8_transform, round_fp8
+from lrl.samplers.vllm import VLLMSampler, model_problems, vllm_missing
 from lrl.sections import SamplingOptions
-from samplers.base import BehaviorSampler, OnPolicySampler, cpu_state
-from samplers.engine import EngineSampler
-from samplers.fp8 import fp8_transform, round_fp8
-from samplers.vllm import VLLMSampler, model_problems, vllm_missing
 
 register = SAMPLERS.register
 

@@ -15,7 +15,7 @@ import torch
 
 from lrl.decoding import Sampling
 from lrl.kvcache import KVCacheDecoder, cache_argument
-from samplers.base import BehaviorSampler, Transform
+from lrl.samplers.base import BehaviorSampler, Transform
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -31,7 +31,7 @@ import torch
 from lrl.decoding import Produced, Sampling
 from lrl.errors import EngineError
 from lrl.reaper import start_reaper, stop_reaper
-from samplers.base import BehaviorSampler, Transform, cpu_state
+from lrl.samplers.base import BehaviorSampler, Transform, cpu_state
 
 # the engine in this process, quiet, without binding OpenMP threads (the run sets its own thread count)
 ENGINE_ENV = {

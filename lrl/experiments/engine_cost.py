@@ -45,7 +45,7 @@ def engine_curve(
     from lrl.envs.workers import make_tools
     from lrl.policy import make_policy
     from lrl.rollout import Rollout
-    from samplers import make_sampler
+    from lrl.samplers import make_sampler
 
     cfg = parse_args(flags)
     torch.set_num_threads(cfg.threads)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lrl.pipeline.policies import STALE_POLICIES, takes_patience
 from lrl.experiments.designs import (
     DESIGNS,
     calibration_of,
@@ -31,6 +30,7 @@ from lrl.experiments.designs import (
 )
 from lrl.experiments.designs_report import calibration_spread
 from lrl.experiments.stats import median
+from lrl.pipeline.policies import STALE_POLICIES, takes_patience
 
 ROOT = Path("results/designs")
 

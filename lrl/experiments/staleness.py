@@ -103,8 +103,8 @@ def one_run(args: tuple) -> dict:
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    from callbacks import build_callbacks
     from lrl.arguments import parse_args
+    from lrl.callbacks import build_callbacks
     from lrl.evaluation import evaluate
     from lrl.experiments.band_probe import BandProbe, totals
     from lrl.run import build_run, fit

@@ -245,7 +245,7 @@ def measure(model, tok, args) -> dict:
     """Sample engine-style, recompute trainer-style, compare -> the results dict (see --json)."""
     from lrl.envs.tinyagent import make_tasks
     from lrl.kvcache import engine_generate, engine_score
-    from samplers.engine import check_device_dtype, engine_dtype
+    from lrl.samplers.engine import check_device_dtype, engine_dtype
 
     dtype = engine_dtype(args.engine_dtype)
     prompts = gym_prompts(tok, make_tasks("all")[: args.prompts])
@@ -354,7 +354,7 @@ ALSO_LABELS = {
 def also_sample(name: str, model, prompts, tok, args) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens and their log-probs mu from one of the --also samplers -> ids, log-probs [B, n]."""
     from lrl.kvcache import engine_generate
-    from samplers.fp8 import fp8_transform
+    from lrl.samplers.fp8 import fp8_transform
 
     generator = torch.Generator().manual_seed(args.seed + 1)
     kw = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
@@ -385,7 +385,7 @@ class VLLMScorer:
 
     def __init__(self, model, args, longest: int):
         from lrl.errors import EngineError
-        from samplers.vllm import VLLMSampler, kv_cache_problems, vllm_missing
+        from lrl.samplers.vllm import VLLMSampler, kv_cache_problems, vllm_missing
 
         missing = vllm_missing()
         if missing:
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--new-tokens must be >= 1; got {args.new_tokens}")
         if any(b < 0 for b in args.trainer_batch) or any(b < 1 for b in args.engine_batch or []):
             raise ValueError("batch sizes must be >= 1 (0 means all prompts, for --trainer-batch only)")
-        from samplers.engine import check_device, engine_dtype
+        from lrl.samplers.engine import check_device, engine_dtype
 
         check_device(args.device, engine_dtype(args.engine_dtype))
         model, tok = load_model(args.model, args.device, args.random_model)

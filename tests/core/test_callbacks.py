@@ -12,8 +12,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import HISTOGRAMS, SCALARS, EventAccumulator
 
-import samplers
-from callbacks import (
+from lrl import samplers
+from lrl import stats as S
+from lrl.arguments import from_dict, load_yaml
+from lrl.callbacks import (
     EnvironmentMonitor,
     HealthCheck,
     HealthCheckError,
@@ -23,12 +25,10 @@ from callbacks import (
     TimingMonitor,
     build_callbacks,
 )
-from lrl import stats as S
-from lrl.arguments import from_dict, load_yaml
 from lrl.config import Config, ConfigError
 from lrl.decoding import Sampling
 from lrl.run import build_run
-from samplers import OnPolicySampler
+from lrl.samplers import OnPolicySampler
 
 ROOT = Path(__file__).resolve().parents[2]
 BINS = ("p000_010", "p010_050", "p050_090", "p090_100")

@@ -114,7 +114,7 @@ def test_top_k_is_refused_for_a_sampler_that_does_not_read_it():
     [
         ("x = 1 / 0\n", r"plugins: cannot import 'bad_plugin' \(ZeroDivisionError: division by zero\)"),
         (
-            "import samplers\n\n@samplers.register('lagged')\ndef again(cfg, tok):\n    return None\n",
+            "from lrl import samplers\n\n@samplers.register('lagged')\ndef again(cfg, tok):\n    return None\n",
             r"plugins: 'bad_plugin': sampler 'lagged' is registered twice",
         ),
     ],

@@ -13,8 +13,8 @@ import torch
 from conftest import quick_cfg
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from callbacks import JumpMonitor
-from callbacks.jumps import binomial_tail, pooled_rate
+from lrl.callbacks import JumpMonitor
+from lrl.callbacks.jumps import binomial_tail, pooled_rate
 from lrl.run import build_run, fit
 from lrl.update import learning_rate
 

@@ -13,9 +13,9 @@ from lrl.envs.tinyagent import build_tokenizer, make_tasks, tinyagent_spec
 from lrl.kvcache import KVCacheDecoder, engine_generate, engine_score
 from lrl.policy import ModelLoadError, load_policy, make_policy, sequence_log_probs
 from lrl.rollout import run_episodes
-from samplers import make_sampler
-from samplers.engine import EngineSampler
-from samplers.fp8 import round_fp8
+from lrl.samplers import make_sampler
+from lrl.samplers.engine import EngineSampler
+from lrl.samplers.fp8 import round_fp8
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 from conftest import quick_cfg
 
 from lrl.run import build_run, fit
-from samplers import SAMPLERS, BehaviorSampler, make_sampler, round_fp8
+from lrl.samplers import SAMPLERS, BehaviorSampler, make_sampler, round_fp8
 
 
 class Tags(L.Callback):

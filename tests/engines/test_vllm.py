@@ -19,7 +19,7 @@ from helpers import ROOT, history_lines, one_clear_line, train, wait_until
 
 from lrl.policy import make_policy, save_policy
 from lrl.run import build_run, fit
-from samplers.vllm import vllm_missing
+from lrl.samplers.vllm import vllm_missing
 
 pytestmark = [
     pytest.mark.vllm,
@@ -202,7 +202,7 @@ def test_the_engine_log_probs_equal_the_trainers_after_many_in_place_updates(tok
     from lrl.batch import collate
     from lrl.policy import sequence_log_probs
     from lrl.rollout import run_episodes
-    from samplers import VLLMSampler
+    from lrl.samplers import VLLMSampler
 
     policy = copy.deepcopy(format_policy)
     sampler = VLLMSampler(tok)
@@ -231,7 +231,7 @@ def test_an_engine_that_fails_mid_run_stops_it_with_one_line_and_the_checkpoint_
 ):
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from samplers.vllm import EngineError
+    from lrl.samplers.vllm import EngineError
 
     real, calls = LLMEngine.step, []
 

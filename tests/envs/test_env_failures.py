@@ -13,8 +13,8 @@ from lrl.envs.tinyagent import BugFixEnv, make_tasks
 from lrl.losses import clipped_policy_loss, group_advantages
 from lrl.policy import selected_log_probs, sequence_log_probs
 from lrl.run import build_run, fit
+from lrl.samplers import OnPolicySampler
 from lrl.sources.sync import SyncSource
-from samplers import OnPolicySampler
 
 READ, ANSWER = ["read", "<eos>"], ["answer", "3", "<eos>"]
 

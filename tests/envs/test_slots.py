@@ -19,8 +19,8 @@ from lrl.envs.tinyagent import BugFixEnv, tinyagent_spec
 from lrl.envs.workers import LogicalClock, ThreadTools
 from lrl.rollout import run_episodes
 from lrl.run import build_run, fit
+from lrl.samplers import OnPolicySampler
 from lrl.sources.sync import SyncSource
-from samplers import OnPolicySampler
 
 
 class Uniform:

@@ -236,7 +236,7 @@ def test_a_flag_of_the_wrong_type_is_one_line(flags):
 
 
 def test_the_jump_monitor_never_prints_a_ratio_to_zero():
-    from callbacks.jumps import JumpMonitor
+    from lrl.callbacks.jumps import JumpMonitor
 
     monitor = JumpMonitor(factor=5.0)
     text = monitor.describe(7, "train/step_kl", "KL of the step", 0.125, 0.0)

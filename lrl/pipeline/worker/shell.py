@@ -70,7 +70,7 @@ class Worker:
     def __init__(self, trainer: int | None, index: int, setup: Setup, inbox, outbox):
         from lrl.config import Config
         from lrl.envs import make_env, run_tokenizer
-        from samplers import make_sampler
+        from lrl.samplers import make_sampler
 
         if (
             trainer is not None
