@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
 from lrl.experiments.calibrate import SKIP, steps_per_s  # noqa: E402
 from lrl.experiments.stats import mean_se  # noqa: E402
-from lrl.experiments.workload import RUN_FLAGS, WORKLOAD  # noqa: E402  the same train.py flags as the experiment
+from lrl.experiments.workload import RUN_FLAGS, WORKLOAD, train_command  # noqa: E402  the same train.py flags as the experiment
 
 MODES = {
     "sync": [],
@@ -60,7 +60,7 @@ MODES = {
 def run(flags: list[str], seed: int, steps: int) -> tuple[float, list[dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         history = Path(tmp) / "h.jsonl"
-        cmd = [sys.executable, "train.py", *RUN_FLAGS, *flags, "--seed", str(seed), "--max-steps", str(steps)]
+        cmd = train_command(*RUN_FLAGS, *flags, "--seed", str(seed), "--max-steps", str(steps))
         cmd += ["--log-dir", str(Path(tmp) / "runs"), "--history-file", str(history)]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -78,7 +78,7 @@ def group_durations(n: int, seed: int = 0) -> list[float]:
     from lrl.envs import make_env
     from lrl.rollout import Rollout
     from lrl.run import load_model, run_tokenizer
-    from samplers import make_sampler
+    from lrl.samplers import make_sampler
 
     cfg = parse_args(["--seed", str(seed)])
     tok = run_tokenizer(cfg)

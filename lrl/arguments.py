@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lrl.cli import train_command, train_program
 from lrl.config import OPTIONS, SECTIONS, Config, ConfigError
 from lrl.configfile import load_yaml
 from lrl.options import accepted_types, bounds_text, type_name
@@ -107,7 +108,7 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         message = message.removeprefix("argument ")
-        raise ConfigError(f"invalid command line: {message} (python train.py --help lists every option)")
+        raise ConfigError(f"invalid command line: {message} ({train_command()} --help lists every option)")
 
 
 def _help(f) -> str:
@@ -154,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     the YAML."""
     load_plugins()
     parser = Parser(
-        prog="train.py",
+        prog=train_program(),
         description="Train an agent (TinyAgent by default, or a local transformers causal LM) with RL from a "
         "behavior sampler. Every option is also a YAML key.",
         argument_default=argparse.SUPPRESS,
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> Config:
     """Command line -> Config: plugins imported first, then defaults, entry defaults, the YAML file, the flags."""
-    pre = Parser(prog="train.py", add_help=False, exit_on_error=False)
+    pre = Parser(prog=train_program(), add_help=False, exit_on_error=False)
     pre.add_argument("--plugins", default=None)
     pre.add_argument("--config", default=None)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -14,3 +15,19 @@ class OneLineParser(argparse.ArgumentParser):
         message = " ".join(message.removeprefix("argument ").split())
         print(f"{self.prog}: error: {message} ({self.prog} --help lists every option)", file=sys.stderr)
         raise SystemExit(2)
+
+
+def train_program() -> str:
+    """The name training's messages go under: ``lrl-train`` when started by that command, else ``train.py``
+    (``python train.py`` in a checkout, ``python -m lrl.train``, or a test calling :func:`lrl.train.main`)."""
+    return "lrl-train" if Path(sys.argv[0]).name == "lrl-train" else "train.py"
+
+
+def train_command() -> str:
+    """How a user starts this training again: ``lrl-train``, ``python -m lrl.train`` or ``python train.py``."""
+    started = Path(sys.argv[0])
+    if started.name == "lrl-train":
+        return "lrl-train"
+    if started.name == "train.py" and started.parent.name == "lrl":
+        return "python -m lrl.train"
+    return "python train.py"

@@ -100,9 +100,8 @@ def in_process(main, args) -> Done:
 
 
 def train(*args) -> Done:
-    """train.py's main in this process: its exit status and what it printed."""
-    sys.path.insert(0, str(ROOT))
-    import train as script
+    """train.py's main (lrl.train) in this process: its exit status and what it printed."""
+    from lrl import train as script
 
     return in_process(script.main, args)
 

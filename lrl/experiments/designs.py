@@ -31,7 +31,6 @@ import json
 import math
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from lrl.experiments.workload import (
     STEPS,
     durations,
     switch_seconds,
+    train_command,
     trainer_seconds,
 )
 from lrl.pipeline.policies import DEFAULT_POLICY, takes_patience
@@ -121,9 +121,9 @@ def run_once(
     if not history.exists():
         tmp = history.with_suffix(".partial")
         tmp.unlink(missing_ok=True)
-        cmd = [sys.executable, "train.py", *run_flags(design, repeat, drop, env, slots, frozen, policy), *extra]
+        cmd = train_command(*run_flags(design, repeat, drop, env, slots, frozen, policy), *extra)
         cmd += ["--log-dir", str(out / "runs"), "--run-name", name, "--history-file", str(tmp)]
-        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{name}: train.py exited {done.returncode}: {done.stderr.strip()[-800:]}")
         tmp.rename(history)

@@ -28,12 +28,10 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from lrl.cli import OneLineParser
-from lrl.pipeline.policies import DEFAULT_POLICY, STALE_POLICIES, takes_patience
 from lrl.experiments.calibrate import (
     SKIP,
     async_train_time,
@@ -54,7 +52,8 @@ from lrl.experiments.inputs import (
 )
 from lrl.experiments.pipeline_report import markdown, plot
 from lrl.experiments.stats import mean, mean_se, median
-from lrl.experiments.workload import RUN_FLAGS
+from lrl.experiments.workload import RUN_FLAGS, train_command
+from lrl.pipeline.policies import DEFAULT_POLICY, STALE_POLICIES, takes_patience
 from lrl.sim.checks import patience_problems
 
 
@@ -76,14 +75,14 @@ def run_once(kind: str, eta: int, repeat: int, args, out: Path) -> dict:
     history.parent.mkdir(parents=True, exist_ok=True)
     if history.exists():
         history.unlink()  # a file of this experiment's own, rewritten on every run of it
-    cmd = [sys.executable, "train.py", *RUN_FLAGS, "--max-steps", str(args.steps), "--seed", str(repeat)]
+    cmd = train_command(*RUN_FLAGS, "--max-steps", str(args.steps), "--seed", str(repeat))
     cmd += ["--log-dir", str(out / "runs"), "--run-name", name, "--history-file", str(history)]
     if kind == "async":
         cmd += ["--pipeline", "async", "--rollout-workers", "1", "--max-staleness", str(eta)]
         cmd += ["--partial-rollouts", args.partial]
     cmd += args.flags
     start = time.time()
-    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
     lines = [json.loads(x) for x in history.read_text().splitlines() if x.strip()]

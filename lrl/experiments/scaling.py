@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 from lrl.cli import OneLineParser
@@ -34,6 +33,7 @@ from lrl.experiments.workload import (
     RUN_FLAGS,
     durations,
     switch_seconds,
+    train_command,
     trainer_seconds,
 )
 
@@ -47,9 +47,9 @@ def measure(repeat: int, out: Path) -> list[dict]:
         out.mkdir(parents=True, exist_ok=True)
         partial = history.with_suffix(".partial")
         partial.unlink(missing_ok=True)
-        cmd = [sys.executable, "train.py", *RUN_FLAGS, *MEASURE, "--seed", str(repeat)]
+        cmd = train_command(*RUN_FLAGS, *MEASURE, "--seed", str(repeat))
         cmd += ["--log-dir", str(out / "runs"), "--history-file", str(partial)]
-        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"train.py exited {done.returncode}: {done.stderr.strip()[-800:]}")
         partial.rename(history)

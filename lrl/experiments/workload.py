@@ -4,6 +4,14 @@ what they read off a run's history (episode wall times, the trainer's seconds, w
 from __future__ import annotations
 
 import statistics
+import sys
+
+
+def train_command(*flags: str) -> list[str]:
+    """The command line of one training run of the lab: the installed lrl's training module with `flags`, run in
+    this process's folder (never a checkout's train.py by its path, so a non-editable install runs it too)."""
+    return [sys.executable, "-m", "lrl.train", *flags]
+
 
 RUN_FLAGS = [
     "--eval-every",

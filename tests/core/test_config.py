@@ -87,7 +87,7 @@ def test_defaults_match_the_default_yaml():
 
 
 def test_train_py_reports_bad_input_without_traceback(tmp_path, capsys, monkeypatch):
-    import train as script
+    from lrl import train as script
 
     out = subprocess.run(  # one case as a process: the exit status and stderr a shell sees
         [sys.executable, str(ROOT / "train.py"), "--sampler", "nope"],

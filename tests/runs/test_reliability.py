@@ -249,13 +249,9 @@ def test_a_signal_during_start_up_is_one_line_and_its_status(tmp_path, model_dir
 def test_a_start_up_signal_that_an_import_turned_into_another_error_is_still_the_stop(monkeypatch, capsys):
     """A signal during ``import numpy`` once surfaced as numpy's AttributeError (its lazy attributes catch what
     the handler raised): the run must still end as stopped, with its one line and 128 + the signal."""
-    import importlib.util
-
     from lrl import stopping
+    from lrl import train as script
 
-    spec = importlib.util.spec_from_file_location("train_script", ROOT / "train.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     monkeypatch.setattr(stopping, "_RECEIVED", [])
 
     def interrupted_import(argv):
