@@ -34,24 +34,23 @@ import subprocess
 import time
 from pathlib import Path
 
+from lrl.experiments.designs_predict import calibration_of, predicted, predicted_from
 from lrl.experiments.inputs import read_history
+from lrl.experiments.labels import run_folder, split_policy
 from lrl.experiments.stats import mean_se, median
 from lrl.experiments.workload import (
     DESIGN_FLAGS,
     DESIGNS,
     GROUP,
     GROUPS,
-    LATENCY,
     RUN_FLAGS,
     SKIP,
     SLOTS,
     STEPS,
     durations,
-    switch_seconds,
     train_command,
-    trainer_seconds,
 )
-from lrl.pipeline.policies import DEFAULT_POLICY, takes_patience
+from lrl.pipeline.policies import DEFAULT_POLICY
 from lrl.sim.board import Steps  # a patience in trainer steps
 
 CODEFIX_STEPS = 12  # codefix steps cost seconds of real test runs; its policy has learned by about step 5
@@ -243,203 +242,6 @@ def waste_sources(history: list[dict], group: int = GROUP) -> dict:
     }
 
 
-def window_rate(sim: dict) -> float:
-    """A simulation's trained episodes per second, taken as a run's are: after step SKIP, to the last step."""
-    ends = sim["step_ends"]
-    return sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
-
-
-def split_policy(label: str) -> tuple[str, float | None]:
-    """A policy as this experiment names it -> (lrl's --stale-policy, its patience): ``ordered@1.2`` is
-    ``ordered`` with a patience of 1.2 s, ``ordered@1x`` one of a trainer step (a :class:`Steps`); any other name
-    has none."""
-    name, _, wait = label.partition("@")
-    if not wait:
-        return name, None
-    steps = wait.endswith("x")
-    try:
-        value = float(wait[:-1] if steps else wait)
-    except ValueError:
-        value = math.nan
-    if not takes_patience(name) or not value >= 0 or not math.isfinite(value):
-        raise SystemExit(
-            f"policy {label!r}: only ordered takes a patience, in seconds >= 0 (ordered@1.2) or in trainer steps "
-            "(ordered@1x)"
-        )
-    return name, Steps(value) if steps else value
-
-
-def patience_text(wait: float) -> str:
-    """A patience as a folder or label writes it: ``1.2`` (seconds) or ``1x`` (trainer steps)."""
-    return f"{wait:g}x" if isinstance(wait, Steps) else f"{wait:g}"
-
-
-def shown(label: str) -> str:
-    """A policy label as tables and figures show it: ``ordered@1.2`` is ``ordered, 1.2 s``, ``ordered@1x``
-    ``ordered, 1 step``."""
-    name, wait = split_policy(label)
-    if wait is None:
-        return name
-    if isinstance(wait, Steps):
-        return f"{name}, {wait:g} step" + ("" if wait == 1 else "s")
-    return f"{name}, {wait:g} s"
-
-
-def sim_policy(label: str) -> dict:
-    """The simulator's arguments of a policy label (lrl.sim.board.simulate_board: policy, patience, or
-    patience_steps)."""
-    name, wait = split_policy(label)
-    if isinstance(wait, Steps):
-        return {"policy": name, "patience_steps": float(wait)}
-    return {"policy": name, "patience": math.inf if wait is None else wait}
-
-
-def predicted(run: dict, drop: bool, policy: str = "drop") -> dict:
-    """The simulator's prediction of a run from the run's own measured durations, trainer time and loads."""
-    from lrl.sim.board import simulate_board
-
-    spec = DESIGNS[run["design"]]
-    h = run["history"]
-    sync = bool(spec.get("sync"))
-    sim = simulate_board(
-        durations(h),
-        run.get("slots", SLOTS),
-        GROUP,
-        GROUPS,
-        trainer_seconds(h, sync),
-        switch_seconds(h),
-        spec["eta"],
-        spec["interrupt"],
-        run.get("steps") or len(h),
-        drop=drop,
-        sync_before=sync,
-        **sim_policy(policy),
-    )
-    return {
-        "episodes_per_s": window_rate(sim),
-        "slot_util": sim["slot_util"],
-        "staleness_mean": sim["staleness_mean"],
-        "staleness_max": sim["staleness_max"],
-        "staleness_hist": sim["staleness_hist"],
-        "trained_duration": sim["trained_duration"],
-        "dropped": sim["dropped"],
-        "aborted": sim["aborted"],
-        "cut": sim["cut"],
-        "wasted_share": sim["wasted_tokens"] / max(sim["decoded_tokens"], 1e-9),  # episodes as equal units
-        "inputs": {
-            "durations": len(durations(h)),
-            "train_s": trainer_seconds(h, sync),
-            "switch_s": switch_seconds(h),
-        },
-    }
-
-
-def load_calibration(path) -> dict:
-    """A calibration file (lrl.experiments.engine_cost with --run) -> its parts, checked (lrl.sim.calibration;
-    TraceError naming the file)."""
-    from lrl.sim import calibration
-
-    cal = calibration.read(str(path))
-    if cal.get("tool_servers"):  # a pool of tool servers: a call's time is a tool's own run, the wait simulated
-        for part in cal["runs"]:
-            part["turns"] = with_service(part["turns"], part.get("tool_service") or [])
-    return cal
-
-
-def calibration_of(predict_from: str | None):
-    """`--predict-from`: None, one calibration, or with ``{seed}`` in the name a function of a run's seed."""
-    if not predict_from:
-        return None
-    if "{seed}" not in predict_from:
-        return load_calibration(predict_from)
-    cache: dict = {}
-
-    def of_seed(seed: int) -> dict:
-        if seed not in cache:
-            path = Path(predict_from.format(seed=seed))
-            if not path.is_file():
-                raise SystemExit(f"--predict-from: no calibration for seed {seed} ({path})")
-            cache[seed] = load_calibration(path)
-        return cache[seed]
-
-    return of_seed
-
-
-def with_service(turns: list, service: list[float]) -> list:
-    """`turns` with each tool wait replaced by the next of `service` (the tools' own run seconds, in the order
-    logged, from the first again when they run out): a recorded wait includes the queue for a server."""
-    if not service:
-        raise SystemExit("a calibration with tool_servers needs its runs' tool_service (env/tool_times)")
-    out, k = [], 0
-    for episode in turns:
-        parts = episode["turns"] if isinstance(episode, dict) else episode
-        new = []
-        for turn in parts:
-            if float(turn[1]) > 0:
-                new.append([turn[0], service[k % len(service)], *turn[2:]])
-                k += 1
-            else:
-                new.append(list(turn))
-        out.append({**episode, "turns": new} if isinstance(episode, dict) else new)
-    return out
-
-
-def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> dict:
-    """The load model's prediction of a run from a calibration only: the engine curve and co-run slowdown of the
-    benchmark, the trainer's seconds and the workload's turns of each calibration run (the prediction is the mean
-    over them; staleness max the largest). Nothing of `run` enters but its configuration (design, slots,
-    steps)."""
-    from lrl.sim.board import simulate_board
-    from lrl.sim.calibration import co_run_of, engine_of
-
-    spec = DESIGNS[run["design"]]
-    sync = bool(spec.get("sync"))
-    curve = engine_of("the calibration", cal)
-    slow = co_run_of(cal) if not sync else 1.0  # sync: the trainer has the cores alone
-    switch_s = float(cal["engine"].get("switch_s", 0.0))
-    servers = cal.get("tool_servers")  # None: tools at once; else turns of service times
-    sims = []
-    for part in cal["runs"]:
-        sim = simulate_board(
-            None,
-            run.get("slots", SLOTS),
-            GROUP,
-            GROUPS,
-            float(part["train_s"]) * slow,
-            switch_s,
-            spec["eta"],
-            spec["interrupt"],
-            run.get("steps") or len(run["history"]),
-            drop=drop,
-            sync_before=sync,
-            turns=part["turns"],
-            engine=curve,
-            co_run=slow,
-            **sim_policy(policy),
-            tool_servers=servers,
-        )
-        sim["episodes_per_s"] = window_rate(sim)
-        sims.append(sim)
-    mean = lambda key: statistics.fmean(s[key] for s in sims)  # noqa: E731
-    width = max(len(s["staleness_hist"]) for s in sims)
-    hist = [statistics.fmean(s["staleness_hist"][k] if k < len(s["staleness_hist"]) else 0.0 for s in sims)
-            for k in range(width)]  # fmt: skip
-    return {
-        "episodes_per_s": mean("episodes_per_s"),
-        "slot_util": mean("slot_util"),
-        "staleness_mean": mean("staleness_mean"),
-        "staleness_max": max(s["staleness_max"] for s in sims),
-        "staleness_hist": hist,
-        "trained_duration": mean("trained_duration"),
-        "dropped": round(mean("dropped")),
-        "aborted": round(mean("aborted")),
-        "cut": round(mean("cut")),
-        "wasted_share": statistics.fmean(s["wasted_tokens"] / max(s["decoded_tokens"], 1e-9) for s in sims),
-        "per_calibration_run": [s["episodes_per_s"] for s in sims],
-        "inputs": {"runs": len(sims), "switch_s": switch_s, "co_run": slow},
-    }
-
-
 def real_tool_table(runs: list[dict]) -> str:
     """Per design, medians over repeats: episodes/s beside tool calls/s, and the policy's tests per episode.
 
@@ -467,54 +269,6 @@ def real_tool_table(runs: list[dict]) -> str:
             f"({median(calls) / sync:.2f}x sync) | {median(tests):.2f} ({min(tests):.2f}-{max(tests):.2f}) | "
             f"{median(timeouts):.0f} | {len(mine)} |"
         )
-    return "\n".join(rows) + "\n"
-
-
-def tool_time_plot(times: list[float], path: Path) -> None:
-    """Histogram of the real tool calls' times beside as many draws of the slow-tool workload's lognormal."""
-    import math
-    import random
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    median_s, sigma = (float(x) for x in LATENCY.split(":")[1:])
-    rng = random.Random(0)
-    drawn = [median_s * math.exp(sigma * rng.gauss(0, 1)) for _ in times]
-    bins = [10 ** (k / 10) for k in range(-20, 11)]
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    ax.hist(times, bins=bins, alpha=0.75, label=f"codefix: {len(times)} sandboxed test runs, measured")
-    ax.hist(drawn, bins=bins, alpha=0.5, label=f"{LATENCY}: as many draws")
-    ax.set_xscale("log")
-    ax.set_xlabel("tool call (s)")
-    ax.set_ylabel("calls")
-    ax.legend(fontsize=8)
-    ax.set_title("Real tool times against the drawn lognormal", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def tool_time_table(times: list[float]) -> str:
-    """The real tool calls' time distribution beside the drawn lognormal of the slow-tool workload."""
-    import math
-
-    ordered = sorted(times)
-    q = lambda p: ordered[min(int(p * len(ordered)), len(ordered) - 1)]  # noqa: E731
-    z = {0.5: 0.0, 0.95: 1.6449, 0.99: 2.3263}
-    median, sigma = (float(x) for x in LATENCY.split(":")[1:])
-    rows = ["| tool time (s) | p50 | p95 | p99 | p99 / p50 | mean |", "|---|---|---|---|---|---|"]
-    rows.append(
-        f"| codefix, measured ({len(times)} sandboxed runs) | {q(0.5):.3f} | {q(0.95):.3f} | {q(0.99):.3f} | "
-        f"{q(0.99) / q(0.5):.1f} | {statistics.fmean(times):.3f} |"
-    )
-    drawn = {p: median * math.exp(sigma * z[p]) for p in z}
-    rows.append(
-        f"| {LATENCY}, drawn | {drawn[0.5]:.3f} | {drawn[0.95]:.3f} | {drawn[0.99]:.3f} | "
-        f"{drawn[0.99] / drawn[0.5]:.1f} | {median * math.exp(sigma**2 / 2):.3f} |"
-    )
     return "\n".join(rows) + "\n"
 
 
@@ -609,30 +363,9 @@ def load_runs(out: Path, chosen: list[str], slots: int = SLOTS) -> list[dict]:
     return runs
 
 
-def env_prefix(env: str) -> str:
-    """What the folders of an environment's runs begin with (``results/designs/<prefix>hard...``)."""
-    return "codefix-" if env == "codefix" else ""
-
-
-def run_folder(
-    env: str = "tinyagent",
-    drop: bool = True,
-    frozen: bool = False,
-    slots: int = SLOTS,
-    policy: str = DEFAULT_POLICY,
-) -> str:
-    """The folder name under results/designs of a setting's runs: ``[codefix-]hard|throttle[-frozen][-sN][-P]``."""
-    name = env_prefix(env) + ("hard" if drop else "throttle") + ("-frozen" if frozen else "")
-    name += f"-s{slots}" if slots != SLOTS else ""
-    if policy == DEFAULT_POLICY:
-        return name
-    base, wait = split_policy(policy)
-    return name + f"-{base}" + (f"-w{patience_text(wait)}" if wait is not None else "")
-
-
 def main(args, extra: list[str]) -> int:
     """``python -m lrl.experiments.pipeline --designs chapter``: run (or reuse), summarise, report."""
-    from lrl.experiments.designs_report import markdown, plot, projection
+    from lrl.experiments.designs_report import markdown, plot, projection, tool_time_plot, tool_time_table
 
     drop = args.staleness_drop
     env = getattr(args, "env", "tinyagent")

@@ -6,7 +6,8 @@ import math
 import statistics
 from pathlib import Path
 
-from lrl.experiments.designs import shown
+from lrl.experiments.labels import shown
+from lrl.experiments.workload import LATENCY
 
 COLUMNS = [
     ("episodes/s", "episodes_per_s", "{:.2f}"),
@@ -149,3 +150,51 @@ def projection(runs: list[dict]) -> str:
             f"| {slots} x {workers} | {batch} | {slots * workers / mean_d:.0f} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines) + "\n"
+
+
+def tool_time_plot(times: list[float], path: Path) -> None:
+    """Histogram of the real tool calls' times beside as many draws of the slow-tool workload's lognormal."""
+    import math
+    import random
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    median_s, sigma = (float(x) for x in LATENCY.split(":")[1:])
+    rng = random.Random(0)
+    drawn = [median_s * math.exp(sigma * rng.gauss(0, 1)) for _ in times]
+    bins = [10 ** (k / 10) for k in range(-20, 11)]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.hist(times, bins=bins, alpha=0.75, label=f"codefix: {len(times)} sandboxed test runs, measured")
+    ax.hist(drawn, bins=bins, alpha=0.5, label=f"{LATENCY}: as many draws")
+    ax.set_xscale("log")
+    ax.set_xlabel("tool call (s)")
+    ax.set_ylabel("calls")
+    ax.legend(fontsize=8)
+    ax.set_title("Real tool times against the drawn lognormal", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def tool_time_table(times: list[float]) -> str:
+    """The real tool calls' time distribution beside the drawn lognormal of the slow-tool workload."""
+    import math
+
+    ordered = sorted(times)
+    q = lambda p: ordered[min(int(p * len(ordered)), len(ordered) - 1)]  # noqa: E731
+    z = {0.5: 0.0, 0.95: 1.6449, 0.99: 2.3263}
+    median, sigma = (float(x) for x in LATENCY.split(":")[1:])
+    rows = ["| tool time (s) | p50 | p95 | p99 | p99 / p50 | mean |", "|---|---|---|---|---|---|"]
+    rows.append(
+        f"| codefix, measured ({len(times)} sandboxed runs) | {q(0.5):.3f} | {q(0.95):.3f} | {q(0.99):.3f} | "
+        f"{q(0.99) / q(0.5):.1f} | {statistics.fmean(times):.3f} |"
+    )
+    drawn = {p: median * math.exp(sigma * z[p]) for p in z}
+    rows.append(
+        f"| {LATENCY}, drawn | {drawn[0.5]:.3f} | {drawn[0.95]:.3f} | {drawn[0.99]:.3f} | "
+        f"{drawn[0.99] / drawn[0.5]:.1f} | {median * math.exp(sigma**2 / 2):.3f} |"
+    )
+    return "\n".join(rows) + "\n"

@@ -25,15 +25,8 @@ import statistics
 from pathlib import Path
 
 from lrl.cli import OneLineParser
-from lrl.experiments.designs import (
-    DESIGNS,
-    SHORT,
-    file_name,
-    load_calibration,
-    measured,
-    predicted_from,
-    window_rate,
-)
+from lrl.experiments.designs import DESIGNS, SHORT, file_name, measured
+from lrl.experiments.designs_predict import load_calibration, predicted_from, window_rate
 from lrl.experiments.inputs import ERRORS, numbers, outputs, read_history
 from lrl.experiments.workload import GROUP, GROUPS, SKIP, SLOTS, durations, switch_seconds, trainer_seconds
 

@@ -71,7 +71,7 @@ def test_measured_rates_of_a_known_history():
 
 
 def test_a_prediction_from_a_calibration_uses_nothing_of_the_predicted_run():
-    from lrl.experiments.designs import predicted_from
+    from lrl.experiments.designs_predict import predicted_from
     from lrl.experiments.engine_cost import run_part
 
     batch = GROUP * GROUPS
@@ -215,7 +215,8 @@ def test_the_planner_plans_ordered_once_per_patience():
 
 def test_a_policy_label_carries_orders_patience(tmp_path):
     from lrl.experiments import policies
-    from lrl.experiments.designs import run_flags, run_folder, split_policy
+    from lrl.experiments.designs import run_flags
+    from lrl.experiments.labels import run_folder, split_policy
 
     assert split_policy("ordered@1.2") == ("ordered", 1.2) and split_policy("mask") == ("mask", None)
     for bad in ("mask@1", "ordered@-1", "ordered@soon"):
@@ -228,7 +229,7 @@ def test_a_policy_label_carries_orders_patience(tmp_path):
         (tmp_path / name).mkdir()
     assert policies.labels(tmp_path)[-3:] == ["ordered", "ordered@0.5", "ordered@2"]
     # a patience in trainer steps: its own flag, folder, label and simulator argument
-    from lrl.experiments.designs import Steps, shown, sim_policy
+    from lrl.experiments.labels import Steps, shown, sim_policy
 
     name, wait = split_policy("ordered@1.5x")
     assert name == "ordered" and isinstance(wait, Steps) and wait == 1.5
@@ -341,7 +342,7 @@ def test_the_policy_comparison_pairs_each_run_with_the_synchronous_run_of_its_se
 def test_a_calibration_per_seed_is_read_from_the_seeds_own_file(tmp_path):
     import json
 
-    from lrl.experiments.designs import calibration_of
+    from lrl.experiments.designs_predict import calibration_of
 
     for seed in (0, 1):
         run = {"train_s": 0.3 + seed, "turns": [[[4, 0.1]]]}
@@ -375,7 +376,7 @@ def test_where_the_waste_comes_from_against_the_trainers_pace():
 
 
 def test_a_pool_calibration_replaces_each_recorded_tool_wait_by_a_service_time():
-    from lrl.experiments.designs import with_service
+    from lrl.experiments.designs_predict import with_service
 
     turns = [{"prompt": 4, "turns": [[3, 1.5, 0], [2, 0.0, 0]]}, [[1, 2.5], [1, 0.7]]]
     out = with_service(turns, [0.1, 0.2])

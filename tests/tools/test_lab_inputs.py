@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import FAST, train
 
-from lrl.experiments import designs, engine_cost, occupancy, pipeline, scaling, seeds, staleness
+from lrl.experiments import designs, designs_predict, engine_cost, occupancy, pipeline, scaling, seeds, staleness
 from lrl.sim import cli as sim
 
 
@@ -278,7 +278,7 @@ def test_a_calibration_engine_cost_writes_from_a_real_run_is_taken_by_the_simula
     assert sim.main(argv) == 0, capsys.readouterr().err
     assert json.loads(plan.read_text())["rows"]
     run = {"design": designs.SHORT["partial2"], "history": [], "steps": 6, "slots": 4}
-    predicted = designs.predicted_from(run, True, designs.calibration_of(str(cal)))
+    predicted = designs_predict.predicted_from(run, True, designs_predict.calibration_of(str(cal)))
     assert predicted["episodes_per_s"] > 0
 
 
