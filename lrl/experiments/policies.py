@@ -18,8 +18,8 @@ from pathlib import Path
 
 from lrl.experiments.designs import DESIGNS, load_runs, measured, summarise, waste_sources
 from lrl.experiments.designs_predict import calibration_of, predicted
-from lrl.experiments.labels import env_prefix, run_folder, shown
 from lrl.experiments.designs_report import calibration_spread
+from lrl.experiments.labels import env_prefix, run_folder, shown
 from lrl.experiments.stats import median
 from lrl.pipeline.policies import STALE_POLICIES, takes_patience
 

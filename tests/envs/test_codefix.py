@@ -29,10 +29,10 @@ from helpers import (
 
 from lrl.batch import collate
 from lrl.envs.codefix import CodeFixEnv, codefix_tokenizer, load_tasks, make_code_tasks
+from lrl.envs.codefix.folder import TaskFolderError
 from lrl.envs.codefix.pool import UID_BASE, EnvPool
 from lrl.envs.codefix.sandbox import harness
 from lrl.envs.codefix.sandbox.harness import Limits, Verdict
-from lrl.envs.codefix.folder import TaskFolderError
 from lrl.episode import Episode
 
 # the tests below count the machine's sandbox processes: they run one after another, on one worker

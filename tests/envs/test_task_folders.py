@@ -13,9 +13,9 @@ import pytest
 from helpers import FAST, one_clear_line, train
 
 from lrl.envs.codefix import load_tasks
+from lrl.envs.codefix.folder import TaskFolderError
 from lrl.envs.codefix.pool import EnvPool
 from lrl.envs.codefix.sandbox.harness import Limits
-from lrl.envs.codefix.folder import TaskFolderError
 
 GOOD = "def double(x):\n    return 2 * x\n"
 WRONG = "def double(x):\n    return 0\n"

@@ -15,10 +15,9 @@ import torch
 from conftest import quick_cfg, rollout
 from helpers import Tokens, ledger_is_lossless
 
-from lrl.pipeline.policies import STALE_POLICIES
 from lrl.envs.tinyagent import make_tasks
 from lrl.losses import clipped_policy_loss
-from lrl.pipeline.policies import OldestFirst, Ordered, oldest_tag
+from lrl.pipeline.policies import STALE_POLICIES, OldestFirst, Ordered, oldest_tag
 from lrl.pipeline.schedule import FreeSchedule
 from lrl.run import build_run, fit
 

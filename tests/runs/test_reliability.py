@@ -19,8 +19,6 @@ import pytest
 import torch
 from helpers import FAST, ROOT, Done, in_process, one_clear_line, train, wait_until
 
-from lrl.policy import save_policy
-
 
 def quick(model_dir, logs, *extra) -> list[str]:
     return [*FAST, "--max-steps", "1", "--model", str(model_dir), "--log-dir", str(logs), *extra]

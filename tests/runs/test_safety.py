@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import quick_cfg
-from helpers import FAST, Done, train, train_process
+from helpers import FAST, train, train_process
 
 from lrl.checkpoint import read_history
 from lrl.config import ConfigError

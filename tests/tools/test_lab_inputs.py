@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 from helpers import FAST, train
 
-from lrl.experiments import designs, designs_predict, engine_cost, occupancy, pipeline, scaling, seeds, staleness
+from lrl.experiments import (
+    designs,
+    designs_predict,
+    engine_cost,
+    occupancy,
+    pipeline,
+    scaling,
+    seeds,
+    staleness,
+)
 from lrl.sim import cli as sim
 
 
