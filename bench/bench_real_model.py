@@ -117,7 +117,7 @@ def vllm_rows(model, prompts, new_tokens, repeats, flops_per_token, limit, b):
 
     if vllm_missing():
         return []
-    from lrl.tools.mismatch import VLLMScorer
+    from lrl.tools.mismatch_engines import VLLMScorer
 
     args = argparse.Namespace(
         vllm_kv_cache=512, vllm_dtype="bfloat16", engine_dtype="bfloat16", seed=0, temperature=1.0,

@@ -1,5 +1,6 @@
 """One episode as the rollout loop builds it: a single token sequence with per-token tags (generated or not, the
-behavior log-prob, the policy version) and what its environment said (reward, failures, counts, timings)."""
+behavior log-prob, the policy version) and what its environment said (reward, failures, counts, timings); and
+its environment rebuilt from its actions (:func:`replay`), as a resumed rollout does."""
 
 from __future__ import annotations
 
@@ -106,3 +107,27 @@ class Episode:
         episode.logp = list(state["logp"])
         episode.version = list(state["version"])
         return episode
+
+
+class ReplayError(RuntimeError):
+    """An environment replayed from its actions did not give the observations it gave the first time."""
+
+
+def replay(env, episode: Episode, actions: Sequence[Sequence[int]]):
+    """Rebuild `episode`'s environment: reset on its task and step its `actions` again -> the env.
+
+    The tokens it answers must be the episode's own (a deterministic environment), else :class:`ReplayError`.
+    An env wrapper may define ``replay(task, actions) -> tokens`` to rebuild without side effects (no drawn
+    failures, no latency); otherwise ``reset`` and ``step`` are called.
+    """
+    if hasattr(env, "replay"):
+        tokens = env.replay(episode.task, actions)
+    else:
+        tokens = list(env.reset(episode.task))
+        for action in actions:
+            tokens += list(action) + list(env.step(list(action)).observation)
+    if tokens != episode.ids[: len(tokens)]:
+        raise ReplayError(
+            f"task {episode.task.task_id}: replaying {len(actions)} action(s) gave other observations"
+        )
+    return env

@@ -28,7 +28,7 @@ import torch
 
 from lrl.decoding import Decoder, Sampling, TurnEngine, sample_tokens
 from lrl.envs.workers import InlineTools, RealClock
-from lrl.episode import Episode
+from lrl.episode import Episode, replay
 
 GENERATING = "generating"  # decoding its current action
 READY = "ready"  # about to start an action (new, or its tool answered)
@@ -45,10 +45,6 @@ SAMPLE = 0.02  # seconds between occupancy samples (Rollout.timeline)
 
 class ContextError(ValueError):
     """An episode grew longer than the model's context."""
-
-
-class ReplayError(RuntimeError):
-    """An environment replayed from its actions did not give the observations it gave the first time."""
 
 
 @dataclass
@@ -373,7 +369,7 @@ class Rollout:
         """A rollout continuing from `state` (made by :meth:`state`); `task_of(task_id)` gives a task back.
 
         Each environment is rebuilt by replaying its episode's actions (:func:`replay`); an episode whose
-        environment does not give the same observations again raises :class:`ReplayError`. Episodes that were
+        environment does not give the same observations again raises :class:`lrl.episode.ReplayError`. Episodes that were
         waiting on their tool have it called again, with the time it still had to run.
         """
         rollout = cls(decoder, spec, version=state["version"], **kw)
@@ -395,26 +391,6 @@ class Rollout:
                 tool = saved["tool"] or {"remaining": 0.0, "times_out": False}
                 rollout.tools.submit(saved["key"], env, slot.action, tool["remaining"], tool["times_out"])
         return rollout
-
-
-def replay(env, episode: Episode, actions: Sequence[Sequence[int]]):
-    """Rebuild `episode`'s environment: reset on its task and step its `actions` again -> the env.
-
-    The tokens it answers must be the episode's own (a deterministic environment), else :class:`ReplayError`.
-    An env wrapper may define ``replay(task, actions) -> tokens`` to rebuild without side effects (no drawn
-    failures, no latency); otherwise ``reset`` and ``step`` are called.
-    """
-    if hasattr(env, "replay"):
-        tokens = env.replay(episode.task, actions)
-    else:
-        tokens = list(env.reset(episode.task))
-        for action in actions:
-            tokens += list(action) + list(env.step(list(action)).observation)
-    if tokens != episode.ids[: len(tokens)]:
-        raise ReplayError(
-            f"task {episode.task.task_id}: replaying {len(actions)} action(s) gave other observations"
-        )
-    return env
 
 
 def run_episodes(
