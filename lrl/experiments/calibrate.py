@@ -1,6 +1,6 @@
 """The pipeline simulator calibrated from real runs: what a run's history says, and the simulator's prediction of it.
 
-Used by ``python -m lrl.experiments.pipeline`` (docs/pipeline_results.md). It lives with the experiments, not in
+Used by ``python -m lrl.experiments.pipeline`` (docs/results/pipeline.md). It lives with the experiments, not in
 ``lrl.sim``, because it reads training-run histories and times a policy workload; the simulator needs only torch.
 A run is a dict with its ``eta`` (the staleness bound) and its ``history`` (the lines of its ``--history-file``).
 The simulator's job is one *unit*, a rollout worker's share of one batch, so one worker and one unit per step are
