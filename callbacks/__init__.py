@@ -45,19 +45,20 @@ def build_callbacks(cfg) -> list:
     from lrl.callbacks.staleness import StalenessMonitor
     from lrl.callbacks.timing import TimingMonitor
 
+    m, w = cfg.monitoring, cfg.weighting  # the monitoring section; the correction's cap and band, monitored
     out: list = []
-    if cfg.health_check:
-        out.append(HealthCheck(cfg.health_threshold, cfg.health_threshold_p99, cfg.health_strict))
-    if cfg.monitor_mismatch:
-        out.append(MismatchMonitor(cfg.cap, cfg.low, cfg.high, histogram_every=cfg.histogram_every))
-    if cfg.monitor_staleness:
-        out.append(StalenessMonitor(histogram_every=cfg.histogram_every))
-    if cfg.monitor_jumps:
-        out.append(JumpMonitor(cfg.jump_factor))
-    if cfg.monitor_env:  # logs only where the environment reports its tools' times
-        out.append(EnvironmentMonitor(histogram_every=cfg.histogram_every))
-    out += [CALLBACKS.get(name).factory(cfg) for name in cfg.callbacks]
-    if cfg.monitor_timing:
+    if m.health_check:
+        out.append(HealthCheck(m.health_threshold, m.health_threshold_p99, m.health_strict))
+    if m.monitor_mismatch:
+        out.append(MismatchMonitor(w.cap, w.low, w.high, histogram_every=m.histogram_every))
+    if m.monitor_staleness:
+        out.append(StalenessMonitor(histogram_every=m.histogram_every))
+    if m.monitor_jumps:
+        out.append(JumpMonitor(m.jump_factor))
+    if m.monitor_env:  # logs only where the environment reports its tools' times
+        out.append(EnvironmentMonitor(histogram_every=m.histogram_every))
+    out += [CALLBACKS.get(name).factory(cfg) for name in m.callbacks]
+    if m.monitor_timing:
         out.append(TimingMonitor())
     return out
 
