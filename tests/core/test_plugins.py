@@ -156,16 +156,16 @@ def test_help_lists_registered_entries():
 
 
 def test_a_plugin_staleness_policy_chooses_the_groups_a_batch_takes(in_examples):
-    from types import SimpleNamespace
-
     from lrl.pipeline.messages import GroupDone
-    from lrl.pipeline.policies import make_stale_policy
+    from lrl.pipeline.policies import ThrottleOnly, make_stale_policy
     from lrl.pipeline.schedule import FreeSchedule
     from lrl.registry import STALENESS
 
-    parse_args(["--plugins", "my_plugin"])  # registers newest-first
+    # --stale-policy offers what is registered: the plugin's policy, and none (the throttle alone)
+    cfg = parse_args(["--plugins", "my_plugin", "--pipeline", "async", "--stale-policy", "newest-first"])
     assert STALENESS["newest-first"].help.startswith("take the groups that finished last first")
-    policy = make_stale_policy(SimpleNamespace(stale_policy="newest-first", staleness_drop=True))
+    assert type(make_stale_policy(cfg.replace(stale_policy="none"))) is ThrottleOnly
+    policy = make_stale_policy(cfg)
     schedule = FreeSchedule(2, 1, 1, 1, 0, policy)  # two groups of one a batch
     for serial in (4, 0, 7):  # finished in this order
         schedule.accept(GroupDone(0, serial, [], 1.0))
