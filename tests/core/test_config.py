@@ -254,3 +254,43 @@ def test_a_run_name_that_is_a_path_is_refused(name):
     with pytest.raises(ConfigError, match="run_name: .* must be one folder name under log_dir"):
         Config(run_name=name)
     assert Config(run_name="my-run.v2").run_name == "my-run.v2"
+
+
+def test_options_live_in_sections_and_read_flat_as_before():
+    from lrl.config import OPTIONS, SECTIONS
+    from lrl.sections import SamplingOptions, UpdateOptions
+
+    cfg = Config(lr=2e-3, sampler="lagged", lag=2)
+    assert (cfg.update.lr, cfg.sampling.sampler, cfg.sampling.lag) == (2e-3, "lagged", 2)
+    assert cfg.lr is cfg.update.lr and cfg.lag == 2
+    cfg.lag = 3  # the flat name writes into the section
+    assert cfg.sampling.lag == 3
+    whole = Config(update=UpdateOptions(lr=5e-4), sampling=SamplingOptions(sampler="lagged", lag=1))
+    assert whole == Config(lr=5e-4, sampler="lagged", lag=1)
+    assert set(cfg.to_dict()) == set(OPTIONS) and len(OPTIONS) > 90
+    assert {o.section for o in OPTIONS.values()} == set(SECTIONS)
+    with pytest.raises(ConfigError, match="lr: -1.0 is not allowed"):
+        Config(update=UpdateOptions(lr=-1.0))  # a section is checked as its flat options are
+    with pytest.raises(TypeError, match="learning_rate"):
+        Config(learning_rate=1e-3)
+
+
+def test_the_options_a_resumed_run_may_change_are_declared_on_them():
+    from lrl.checkpoint import RESUMABLE_CHANGES
+
+    assert RESUMABLE_CHANGES == {
+        "max_steps", "log_dir", "run_name", "threads", "progress", "checkpoint_every", "checkpoint_dir", "resume",
+        "history_file", "eval_every", "eval_episodes", "eval_at_start", "step_kl", "accelerator", "monitor_mismatch",
+        "monitor_staleness", "monitor_timing", "monitor_env", "health_check", "health_threshold",
+        "health_threshold_p99", "health_strict", "histogram_every", "overwrite", "monitor_jumps", "jump_factor",
+        "rollout_backend", "worker_cpus", "worker_gpus", "ray_address", "worker_restarts",
+    }  # fmt: skip
+
+
+def test_help_lists_the_options_section_by_section(help_text):
+    from lrl.arguments import HEADINGS
+
+    at = [help_text.index(f"\n{heading}:\n") for heading in HEADINGS.values()]
+    assert at == sorted(at)  # every section, in order
+    assert help_text.index("\n  --lr ") > help_text.index("\nupdate:") > help_text.index("\n  --seed ")
+    assert "--max-steps MAX_STEPS" in help_text and "(may change on resume)" in help_text
