@@ -54,8 +54,8 @@ def load(plugins: Sequence[str] = ()) -> list[str]:
             sys.path.insert(0, str(Path.cwd()))  # `python train.py` from a folder holding the plugin
         try:
             importlib.import_module(name)
-        except StoppedBeforeTraining:  # a stop signal during the import: the run stops, it is not a bad plugin
-            sys.modules.pop(name, None)
+        except StoppedBeforeTraining:
+            sys.modules.pop(name, None)  # a stop signal during the import: the run stops, not a bad plugin
             raise
         except RegistryError as err:
             sys.modules.pop(name, None)

@@ -157,7 +157,10 @@ def interrupted(result: dict, run, argv: list[str]) -> int:
         del kept[i : i + 2]
     where = run.folder.path if run.folder is not None else None
     if not result["steps"]:
-        print(f"{train_program()}: stopped by {name} before the first step; nothing was trained yet", file=sys.stderr)
+        print(
+            f"{train_program()}: stopped by {name} before the first step; nothing was trained yet",
+            file=sys.stderr,
+        )
         return 128 + result["stopped_by"]
     if run.cfg.checkpoint_every > 0 and where is not None:
         hint = f"continue with: {train_command()} {shlex.join([*kept, '--resume', str(where)])}"

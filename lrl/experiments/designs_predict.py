@@ -71,7 +71,8 @@ def load_calibration(path) -> dict:
     from lrl.sim import calibration
 
     cal = calibration.read(str(path))
-    if cal.get("tool_servers"):  # a pool of tool servers: a call's time is a tool's own run, the wait simulated
+    # a pool of tool servers: a call's time is a tool's own run, the wait simulated
+    if cal.get("tool_servers"):
         for part in cal["runs"]:
             part["turns"] = with_service(part["turns"], part.get("tool_service") or [])
     return cal

@@ -35,6 +35,7 @@ SECTIONS: dict[str, type] = {
     "monitoring": MonitoringOptions,
 }
 
+
 @dataclass(frozen=True)
 class Option:
     """One option as the loaders, ``--help``, the checks and the docs see it: its flat name, its section, its
@@ -65,7 +66,9 @@ def _options() -> dict[str, Option]:
         hints = typing.get_type_hints(kind)
         for f in fields(kind):
             if f.name in found or f.name in SECTIONS:
-                raise TypeError(f"option {f.name!r} of section {section!r} is declared twice or names a section")
+                raise TypeError(
+                    f"option {f.name!r} of section {section!r} is declared twice or names a section"
+                )
             found[f.name] = Option(f.name, section, f, hints[f.name])
     return found
 

@@ -161,11 +161,21 @@ class RolloutOptions:
         resumable=True,
     )
     worker_cpus: float = option(
-        1.0, "CPUs each rollout actor declares to Ray", gt=0, le=4096, when=ASYNC, scope="rollout_backend",
+        1.0,
+        "CPUs each rollout actor declares to Ray",
+        gt=0,
+        le=4096,
+        when=ASYNC,
+        scope="rollout_backend",
         resumable=True,
     )
     worker_gpus: float = option(
-        0.0, "GPUs each rollout actor declares to Ray", ge=0, le=64, when=ASYNC, scope="rollout_backend",
+        0.0,
+        "GPUs each rollout actor declares to Ray",
+        ge=0,
+        le=64,
+        when=ASYNC,
+        scope="rollout_backend",
         resumable=True,
     )
     ray_address: str | None = option(

@@ -17,25 +17,38 @@ class RunOptions:
         0, "seed of every random stream (sampling, shuffling, initialisation)", ge=0, le=MAX_INT
     )
     max_steps: int = option(
-        40, "training steps; one step is one sampled batch and its updates", gt=0, le=10**7,
+        40,
+        "training steps; one step is one sampled batch and its updates",
+        gt=0,
+        le=10**7,
         resumable=True,
     )
     log_dir: str = option(
-        "runs", "TensorBoard log directory; each run gets its own version_N folder", path=True,
+        "runs",
+        "TensorBoard log directory; each run gets its own version_N folder",
+        path=True,
         resumable=True,
     )
     run_name: str = option("lrl", "name of the run's folder under log_dir", resumable=True)
     threads: int = option(
-        1, "torch CPU threads (1 is fastest for the tiny policy, robust on shared cores)", gt=0, le=1024,
+        1,
+        "torch CPU threads (1 is fastest for the tiny policy, robust on shared cores)",
+        gt=0,
+        le=1024,
         resumable=True,
     )
     progress: bool = option(True, "show Lightning's progress bar", resumable=True)
     checkpoint_every: int = option(
-        0, "write <checkpoint_dir>/last.ckpt (atomically) every N steps; 0: off", ge=0, le=MAX_INT,
+        0,
+        "write <checkpoint_dir>/last.ckpt (atomically) every N steps; 0: off",
+        ge=0,
+        le=MAX_INT,
         resumable=True,
     )
     checkpoint_dir: str | None = option(
-        None, "checkpoint folder; default: the run folder's checkpoints/", path=True,
+        None,
+        "checkpoint folder; default: the run folder's checkpoints/",
+        path=True,
         resumable=True,
     )
     resume: str | None = option(
@@ -45,11 +58,14 @@ class RunOptions:
         resumable=True,
     )
     history_file: str | None = option(
-        None, "append every step's logged metrics to this JSONL file, flushed each step", path=True,
+        None,
+        "append every step's logged metrics to this JSONL file, flushed each step",
+        path=True,
         resumable=True,
     )
     overwrite: bool = option(
-        False, "replace an existing last.ckpt in --checkpoint-dir instead of refusing to start",
+        False,
+        "replace an existing last.ckpt in --checkpoint-dir instead of refusing to start",
         resumable=True,
     )
     plugins: list[str] = option(
@@ -80,8 +96,10 @@ class PolicyOptions:
         path=True,
     )
     tokenizer: str | None = option(
-        None, "transformers fast tokenizer directory (or a named model); default: the model's, else the "
-        "environment's own", path=True
+        None,
+        "transformers fast tokenizer directory (or a named model); default: the model's, else the "
+        "environment's own",
+        path=True,
     )
     precision: str = option(
         "auto",
@@ -103,8 +121,12 @@ class PolicyOptions:
 class EvaluationOptions:
     """The held-out evaluation: how often, how many episodes, at which temperature."""
 
-    eval_every: int = option(10, "held-out evaluation every N steps (and at the end)", gt=0, le=MAX_INT, resumable=True)
-    eval_episodes: int = option(16, "episodes per held-out task in an evaluation", gt=0, le=MAX_INT, resumable=True)
+    eval_every: int = option(
+        10, "held-out evaluation every N steps (and at the end)", gt=0, le=MAX_INT, resumable=True
+    )
+    eval_episodes: int = option(
+        16, "episodes per held-out task in an evaluation", gt=0, le=MAX_INT, resumable=True
+    )
     eval_temperature: float | None = option(
         None,
         "sampling temperature of the held-out evaluation (none: the training temperature; 0: greedy, the most "
@@ -113,7 +135,8 @@ class EvaluationOptions:
         le=100,
     )
     eval_at_start: bool = option(
-        True, "evaluate the starting policy on the held-out tasks too, logged at step 0",
+        True,
+        "evaluate the starting policy on the held-out tasks too, logged at step 0",
         resumable=True,
     )
 
@@ -122,39 +145,56 @@ class EvaluationOptions:
 class MonitoringOptions:
     """What is measured and logged beside the training: mismatch, staleness, timing, jumps, the health check."""
 
-    monitor_mismatch: bool = option(True, "log mismatch/* distribution statistics and a histogram every step", resumable=True)
-    monitor_staleness: bool = option(True, "log staleness/* per episode, running means and histograms", resumable=True)
+    monitor_mismatch: bool = option(
+        True, "log mismatch/* distribution statistics and a histogram every step", resumable=True
+    )
+    monitor_staleness: bool = option(
+        True, "log staleness/* per episode, running means and histograms", resumable=True
+    )
     monitor_timing: bool = option(True, "log time/step and each phase's share of it", resumable=True)
     monitor_env: bool = option(
-        True, "log env/tool_p50|p95|p99 and a histogram of tool-call times (environments that report them)",
+        True,
+        "log env/tool_p50|p95|p99 and a histogram of tool-call times (environments that report them)",
         resumable=True,
     )
     monitor_jumps: bool = option(
-        True, "warn when train/step_kl or train/invalid jumps far above its recent level",
+        True,
+        "warn when train/step_kl or train/invalid jumps far above its recent level",
         resumable=True,
     )
     jump_factor: float = option(
-        5.0, "jump monitor: a jump is a value above this many times the recent median", gt=1,
+        5.0,
+        "jump monitor: a jump is a value above this many times the recent median",
+        gt=1,
         resumable=True,
     )
     health_check: bool = option(
-        True, "check at the first step that the same-weights sampler agrees with the trainer",
+        True,
+        "check at the first step that the same-weights sampler agrees with the trainer",
         resumable=True,
     )
     health_threshold: float = option(
-        0.05, "health check: largest allowed step-0 mean |log pi_old - log mu| (nats)", gt=0,
+        0.05,
+        "health check: largest allowed step-0 mean |log pi_old - log mu| (nats)",
+        gt=0,
         resumable=True,
     )
     health_threshold_p99: float = option(
-        0.5, "health check: largest allowed step-0 p99 of |log pi_old - log mu|", gt=0,
+        0.5,
+        "health check: largest allowed step-0 p99 of |log pi_old - log mu|",
+        gt=0,
         resumable=True,
     )
     health_strict: bool = option(
-        False, "health check: stop the run instead of warning when a threshold is exceeded",
+        False,
+        "health check: stop the run instead of warning when a threshold is exceeded",
         resumable=True,
     )
     histogram_every: int = option(
-        1, "write the TensorBoard histograms every N steps (over those steps' tokens)", ge=1, le=MAX_INT,
+        1,
+        "write the TensorBoard histograms every N steps (over those steps' tokens)",
+        ge=1,
+        le=MAX_INT,
         resumable=True,
     )
     callbacks: list[str] = option([], "extra monitoring callbacks, by registered name", choices=CALLBACKS)

@@ -77,7 +77,8 @@ class UpdateOptions:
         gt=0,
     )
     step_kl: bool = option(
-        True, "measure KL(pi_old || pi_new) on each step's batch after its updates (one forward)",
+        True,
+        "measure KL(pi_old || pi_new) on each step's batch after its updates (one forward)",
         resumable=True,
     )
     freeze_policy: bool = option(

@@ -9,6 +9,7 @@ tests/tools/test_options_doc.py keeps the file equal to what this prints.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import sys
 
@@ -79,11 +80,21 @@ def tables() -> list[str]:
     lines = []
     for section, kind in SECTIONS.items():
         lines += ["", f"## {HEADINGS[section]}", "", f"`cfg.{section}`: {kind.__doc__.strip()}", ""]
-        lines += ["| option | default | allowed | only with | resume | what |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "| option | default | allowed | only with | resume | what |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         for opt in OPTIONS.values():
             if opt.section == section:
                 resume = "may change" if opt.resumable else ""
-                row = [f"`{opt.name}`", f"`{shown(opt.default)}`", allowed(opt), applies(opt), resume, opt.meta["help"]]
+                row = [
+                    f"`{opt.name}`",
+                    f"`{shown(opt.default)}`",
+                    allowed(opt),
+                    applies(opt),
+                    resume,
+                    opt.meta["help"],
+                ]
                 lines.append("| " + " | ".join(cell(c) for c in row) + " |")
     return lines
 
@@ -96,7 +107,13 @@ def checks() -> list[str]:
     from lrl import configfile, preflight
     from lrl.config_rules import RULES
 
-    lines = ["", "## Static rules", "", "Made once, when a config is made (`lrl/config_rules.py`), after every option has its type:", ""]
+    lines = [
+        "",
+        "## Static rules",
+        "",
+        "Made once, when a config is made (`lrl/config_rules.py`), after every option has its type:",
+        "",
+    ]
     lines += [f"- {first_paragraph(rule)}" for rule in RULES]
     lines += ["", "A `--config` file: " + first_paragraph(configfile), ""]
     lines += ["## Preflight", "", "Made by `lrl.run.build_run` in this order (`lrl/preflight.py`):", ""]
@@ -113,5 +130,14 @@ def markdown() -> str:
     return "\n".join([HEADER.rstrip(), *tables(), *checks()]).rstrip() + "\n"
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m lrl.tools.options_doc",
+        description="Print docs/options.md: every option, section by section, and the checks of both phases.",
+    ).parse_args(argv)
     sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,7 +43,12 @@ def test_a_plain_install_trains_simulates_and_runs_an_experiment_from_another_fo
     elsewhere.mkdir()
 
     # the package comes from the environment, not from a source tree; the names live under lrl.
-    where = run([str(python), "-c", "import lrl, lrl.samplers, lrl.callbacks; print(lrl.__file__)"], elsewhere, env, 120)
+    where = run(
+        [str(python), "-c", "import lrl, lrl.samplers, lrl.callbacks; print(lrl.__file__)"],
+        elsewhere,
+        env,
+        120,
+    )
     assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout
     for name in ("samplers", "callbacks"):
         gone = subprocess.run([str(python), "-c", f"import {name}"], cwd=elsewhere, env=env, capture_output=True,
@@ -68,5 +73,6 @@ def test_a_plain_install_trains_simulates_and_runs_an_experiment_from_another_fo
         elsewhere, env, 900,
     )  # fmt: skip
     histories = sorted(p.name for p in (out / "histories").glob("*.jsonl"))
-    assert len(histories) == 2, histories  # the synchronous run and the bound-0 run, each trained by lrl.train
+    # the synchronous run and the bound-0 run, each trained by lrl.train
+    assert len(histories) == 2, histories
     assert (out / "table.md").read_text().count("| sync |") == 1
