@@ -25,6 +25,7 @@ _LAZY = {
     "HealthCheckError": "callbacks.health",
     "JumpMonitor": "callbacks.jumps",
     "MismatchMonitor": "callbacks.mismatch",
+    "MismatchSplit": "callbacks.mismatch_split",
     "StalenessMonitor": "callbacks.staleness",
     "TimingMonitor": "callbacks.timing",
 }
@@ -56,6 +57,10 @@ def build_callbacks(cfg) -> list:
         out.append(JumpMonitor(cfg.jump_factor))
     if cfg.monitor_env:  # logs only where the environment reports its tools' times
         out.append(EnvironmentMonitor(histogram_every=cfg.histogram_every))
+    if cfg.mismatch_split_every:
+        from callbacks.mismatch_split import MismatchSplit
+
+        out.append(MismatchSplit(cfg.mismatch_split_every, cfg.mismatch_split_rows))
     out += [CALLBACKS.get(name).factory(cfg) for name in cfg.callbacks]
     if cfg.monitor_timing:
         out.append(TimingMonitor())
@@ -71,6 +76,7 @@ __all__ = [
     "HealthCheckError",
     "JumpMonitor",
     "MismatchMonitor",
+    "MismatchSplit",
     "StalenessMonitor",
     "TimingMonitor",
     "build_callbacks",

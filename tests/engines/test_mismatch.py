@@ -84,7 +84,7 @@ def test_tool_writes_the_table_json_and_plot(saved_policy, tmp_path, capsys):
         "engine batch 10 vs batch 30",
     } <= names
     for stats in res["comparisons"].values():
-        assert set(stats) == {"mean", "median", "p99", "max", "max_seq_sum"}
+        assert set(stats) == {"mean", "median", "p99", "max", "max_seq_sum", "over_cap", "outside_band"}
     assert res["comparisons"]["fp32 trainer batch 1 vs batch 30"]["max"] < 1e-5
     assert res["comparisons"]["fp32 trainer batch 1 vs engine"]["max"] > 1e-4  # the engine is bf16
     assert sum(b["count"] for b in res["bins"]) == res["tokens"] == 30 * 4
