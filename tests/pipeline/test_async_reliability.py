@@ -228,6 +228,18 @@ def test_a_stopped_worker_ends_the_run_within_the_heartbeat_timeout(tmp_path, mo
     wait_until(lambda: not processes_of(mark), 10, "every process of the run to end")
 
 
+def test_a_worker_busy_longer_than_the_heartbeat_timeout_is_alive(tmp_path, model_dir):
+    """One decode step of 4 s (a real model's prefill on one thread) with --worker-timeout 1.5: the worker's
+    keep-alive beats while it computes, so the run is not stopped as hung."""
+    plugins = Path(__file__).resolve().parents[1] / "plugins"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])}
+    args = async_args(model_dir, tmp_path / "runs", "--max-steps", "2", "--worker-timeout", "1.5")
+    proc = popen([*args, "--plugins", "slow_decode", "--sampler", "slow_decode"], env=env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "no heartbeat" not in err
+
+
 @pytest.mark.slow  # 28 s on 2 cores: out of the default run (pytest -m slow)
 def test_sigterm_to_the_process_group_stops_with_a_checkpoint(tmp_path, model_dir):
     history = tmp_path / "h.jsonl"
