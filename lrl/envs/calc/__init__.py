@@ -27,7 +27,8 @@ CALC_DEFAULTS = {
     "minibatches": 1,
     "lr": 2e-5,
     "lr_schedule": "constant",
-    "max_steps": 40,
+    "max_steps": 30,
+    "threads": 2,  # a real model's matrix products use both cores of a 2-core machine
     "eval_every": 10,
     "eval_episodes": 1,
     "eval_temperature": 0.0,  # greedy: what the model answers when deployed; train/reward is the sampled rate
