@@ -25,6 +25,7 @@ _LAZY = {
     "HealthCheckError": "lrl.callbacks.health",
     "JumpMonitor": "lrl.callbacks.jumps",
     "MismatchMonitor": "lrl.callbacks.mismatch",
+    "MismatchSplit": "lrl.callbacks.mismatch_split",
     "StalenessMonitor": "lrl.callbacks.staleness",
     "TimingMonitor": "lrl.callbacks.timing",
 }
@@ -57,6 +58,10 @@ def build_callbacks(cfg) -> list:
         out.append(JumpMonitor(m.jump_factor))
     if m.monitor_env:  # logs only where the environment reports its tools' times
         out.append(EnvironmentMonitor(histogram_every=m.histogram_every))
+    if m.mismatch_split_every:
+        from lrl.callbacks.mismatch_split import MismatchSplit
+
+        out.append(MismatchSplit(m.mismatch_split_every, m.mismatch_split_rows))
     out += [CALLBACKS.get(name).factory(cfg) for name in m.callbacks]
     if m.monitor_timing:
         out.append(TimingMonitor())
@@ -72,6 +77,7 @@ __all__ = [
     "HealthCheckError",
     "JumpMonitor",
     "MismatchMonitor",
+    "MismatchSplit",
     "StalenessMonitor",
     "TimingMonitor",
     "build_callbacks",

@@ -157,6 +157,14 @@ class MonitoringOptions:
         "log env/tool_p50|p95|p99 and a histogram of tool-call times (environments that report them)",
         resumable=True,
     )
+    mismatch_split_every: int = option(
+        0,
+        "every N steps, split the mismatch of a sample of the batch into staleness, quantization, the engine's "
+        "decode path and the rest (mismatch/part/*, lrl/callbacks/mismatch_split.py); 0: off",
+        ge=0,
+        le=MAX_INT,
+    )
+    mismatch_split_rows: int = option(8, "episodes of the batch the mismatch split rescores", ge=1, le=4096)
     monitor_jumps: bool = option(
         True,
         "warn when train/step_kl or train/invalid jumps far above its recent level",

@@ -228,6 +228,21 @@ def test_a_stopped_worker_ends_the_run_within_the_heartbeat_timeout(tmp_path, mo
     wait_until(lambda: not processes_of(mark), 10, "every process of the run to end")
 
 
+@pytest.mark.parametrize("slow", ["worker", "trainer"])
+def test_a_worker_or_trainer_busy_longer_than_the_heartbeat_timeout_is_no_hang(tmp_path, model_dir, slow):
+    """With --worker-timeout 1.5: a decode step of 4 s (a real model's prefill on one thread), during which the
+    worker's keep-alive thread beats; or a training step 4 s long, after which the trainer reads what its workers
+    said meanwhile before it judges any of them silent. Neither run is stopped as hung."""
+    plugins = Path(__file__).resolve().parents[1] / "plugins"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])}
+    args = async_args(model_dir, tmp_path / "runs", "--max-steps", "3", "--worker-timeout", "1.5")
+    which = ["--sampler", "slow_decode"] if slow == "worker" else ["--callbacks", "slow_trainer"]
+    proc = popen([*args, "--plugins", "slow_decode", *which], env=env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "no heartbeat" not in err
+
+
 @pytest.mark.slow  # 28 s on 2 cores: out of the default run (pytest -m slow)
 def test_sigterm_to_the_process_group_stops_with_a_checkpoint(tmp_path, model_dir):
     history = tmp_path / "h.jsonl"

@@ -25,12 +25,15 @@ CALC_DEFAULTS = {
     "tasks_per_step": 4,
     "episodes_per_task": 8,
     "minibatches": 1,
-    "lr": 1e-5,
+    "lr": 2e-5,
     "lr_schedule": "constant",
-    "max_steps": 40,
+    "max_steps": 30,
+    "threads": 2,  # a real model's matrix products use both cores of a 2-core machine
     "eval_every": 10,
     "eval_episodes": 1,
     "eval_temperature": 0.0,  # greedy: what the model answers when deployed; train/reward is the sampled rate
+    "step_kl": False,  # the step's KL costs a forward over the batch (a quarter of a step on a CPU) ...
+    "max_step_kl": None,  # ... and the update guard needs it, and a copy of weights and moments
 }
 
 

@@ -55,8 +55,11 @@ class CalcTask:
         return STORIES[self.story][0].format(a=self.a, b=self.b)
 
 
+PLAIN = 3  # the first three entries of STORIES are plain questions: half the problems are drawn among them
+
+
 def draw(rng: random.Random, task_id: int) -> CalcTask:
-    story = rng.randrange(len(STORIES))
+    story = rng.randrange(PLAIN) if rng.random() < 0.5 else rng.randrange(PLAIN, len(STORIES))
     a, b = rng.randint(11, 99), rng.randint(11, 99)
     if STORIES[story][1] == "-" and b > a:
         a, b = b, a

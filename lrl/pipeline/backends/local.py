@@ -12,6 +12,7 @@ never taken.
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import time
@@ -41,6 +42,7 @@ class LocalWorkers:
         self.outbox = None
         self.liveness = Liveness(timeout)
         self._checked = 0.0
+        self._pending: collections.deque = collections.deque()  # read from the queue, not yet handed out
 
     @property
     def running(self) -> bool:
@@ -77,17 +79,32 @@ class LocalWorkers:
         """The next message from any worker (None when none came within `timeout`); raises WorkerError for a
         worker that failed, died or went silent."""
         if time.monotonic() - self._checked > CHECK_SECONDS:  # also while others keep talking
+            self._read_waiting()
             self.check()
-        try:
-            message = self.outbox.get(timeout=timeout)
-        except queue.Empty:
-            self.check()
-            return None
-        self.liveness.heard_from(message.worker)
+        if self._pending:
+            message = self._pending.popleft()
+        else:
+            try:
+                message = self.outbox.get(timeout=timeout)
+            except queue.Empty:
+                self.check()
+                return None
+            self.liveness.heard_from(message.worker)
         if isinstance(message, Failed):
             self.close()
             raise failed_error(f"rollout worker {message.worker}", message.error, message.where)
         return message
+
+    def _read_waiting(self) -> None:
+        """Read what the workers sent while the trainer was not listening (a real model's update takes longer
+        than the heartbeat timeout), so that a worker is judged on when it spoke, not on when it was read."""
+        while True:
+            try:
+                message = self.outbox.get_nowait()
+            except (queue.Empty, OSError, ValueError):
+                return
+            self.liveness.heard_from(message.worker)
+            self._pending.append(message)
 
     def check(self) -> None:
         """Every worker alive and heard from recently enough; else close them all and raise WorkerError."""
@@ -95,7 +112,8 @@ class LocalWorkers:
         self._checked = now
         for i, proc in enumerate(self.procs):
             if not proc.is_alive():
-                reported = failure_left_in(self.outbox)
+                reported = next((m for m in self._pending if isinstance(m, Failed)), None)
+                reported = reported or failure_left_in(self.outbox)
                 self.close()
                 if reported is not None:
                     raise failed_error(f"rollout worker {reported.worker}", reported.error, reported.where)

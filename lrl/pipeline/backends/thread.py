@@ -15,6 +15,7 @@ within :data:`~lrl.pipeline.backends.base.CLOSE_SECONDS` is left to the end of t
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import queue
@@ -41,6 +42,7 @@ class ThreadWorkers:
         self.outbox: queue.Queue = queue.Queue()
         self.liveness = Liveness(timeout)
         self._checked = 0.0
+        self._pending: collections.deque = collections.deque()  # read from the queue, not yet handed out
 
     @property
     def running(self) -> bool:
@@ -74,19 +76,32 @@ class ThreadWorkers:
 
     def receive(self, timeout: float):
         if time.monotonic() - self._checked > CHECK_SECONDS:
+            self._read_waiting()  # what came while the trainer computed counts before anyone is judged silent
             self.check()
-        try:
-            # a copy, as a process boundary makes one: a checkpoint's state must not change with the worker's
-            # episodes once the worker goes on (the lists of an episode's state are the episode's own)
-            message = copy.deepcopy(self.outbox.get(timeout=timeout))
-        except queue.Empty:
-            self.check()
-            return None
-        self.liveness.heard_from(message.worker)
+        if self._pending:
+            message = self._pending.popleft()
+        else:
+            try:
+                # a copy, as a process boundary makes one: a checkpoint's state must not change with the worker's
+                # episodes once the worker goes on (the lists of an episode's state are the episode's own)
+                message = copy.deepcopy(self.outbox.get(timeout=timeout))
+            except queue.Empty:
+                self.check()
+                return None
+            self.liveness.heard_from(message.worker)
         if isinstance(message, Failed):
             self.close()
             raise failed_error(f"rollout worker {message.worker} (thread)", message.error, message.where)
         return message
+
+    def _read_waiting(self) -> None:
+        while True:
+            try:
+                message = copy.deepcopy(self.outbox.get_nowait())
+            except queue.Empty:
+                return
+            self.liveness.heard_from(message.worker)
+            self._pending.append(message)
 
     def check(self) -> None:
         now = time.monotonic()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 import traceback
 
@@ -97,6 +98,8 @@ class Worker:
         self.stats = WorkerStats()
         self.stopping = False
         self.last_beat = 0.0
+        self._snapshot: WorkerStats | None = None  # the totals of the last beat, for the keep-alive thread
+        self._done = False
         self.mode = mode_class(self.cfg.deterministic)(self)
         if setup.restore is not None:
             self.mode.restore(setup.restore)
@@ -150,11 +153,28 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> None:
+        alive = threading.Thread(target=self._keep_alive, name=f"lrl-worker-{self.index}-alive", daemon=True)
+        alive.start()
         try:
             self._loop()
         except Stopping:
             pass
+        finally:
+            self._done = True
         self.mode.close()
+
+    def _keep_alive(self) -> None:
+        """Beat for the worker while one step of its work runs long (a real model's prefill of a whole batch on
+        one thread takes tens of seconds): the last totals again, so the trainer hears a live process whatever
+        it decodes. A process that is stopped or dead beats no more, on either thread."""
+        while not self._done and not self.stopping:
+            time.sleep(BEAT)
+            snapshot = self._snapshot
+            if snapshot is not None and time.monotonic() - self.last_beat > 2 * BEAT:
+                try:
+                    self.outbox.put(Beat(self.index, snapshot, []))
+                except (OSError, ValueError):  # the queue is closed: the worker is ending
+                    return
 
     def _loop(self) -> None:
         while not self.stopping:
@@ -221,6 +241,7 @@ class Worker:
             setattr(self.stats, name, value)
         rollout = self.mode.rollout
         timeline = rollout.take_timeline() if rollout is not None else []
+        self._snapshot = dataclasses.replace(self.stats)
         self.outbox.put(Beat(self.index, dataclasses.replace(self.stats), timeline))
         if not self.parent_alive():
             self.stopping = True

@@ -144,6 +144,8 @@ class RayWorkers:
         if not self.buffer:
             self._poll(ray, timeout)
         if time.monotonic() - self._checked > CHECK_SECONDS:
+            if self.buffer:  # what came while the trainer computed counts before anyone is judged silent
+                self._poll(ray, 0.0)
             self.check()
         if not self.buffer:
             return None

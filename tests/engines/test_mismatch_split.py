@@ -1,0 +1,43 @@
+"""The mismatch of a live run split into its causes (callbacks/mismatch_split.py), on SmolLM2's two-layer copy:
+each part is zero where its cause is absent, and the parts add up to the total."""
+
+from __future__ import annotations
+
+import pytest
+from test_real_model import PLUGINS, real_cfg
+
+from lrl.callbacks.mismatch_split import MismatchSplit
+from lrl.run import build_run, fit
+
+
+@pytest.fixture
+def coin(monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+
+
+def split_run(model, **kw):
+    split = MismatchSplit(every=1, rows=4)
+    run = build_run(real_cfg(model, **kw), logger=False, callbacks=[split])
+    fit(run)
+    return run.module.history
+
+
+def test_on_policy_in_fp32_has_no_staleness_and_no_quantization_part(smollm2_cut, coin):
+    history = split_run(smollm2_cut, max_steps=2)
+    for h in history:
+        assert abs(h["mismatch/part/staleness_abs"]) < 1e-6 and abs(h["mismatch/part/quantization_abs"]) < 1e-6
+        assert h["mismatch/part/total_abs"] < 1e-4  # the fp32 KV cache against the fp32 trainer
+        parts = sum(h[f"mismatch/part/{p}"] for p in ("staleness", "quantization", "engine", "rest"))
+        assert parts == pytest.approx(h["mismatch/part/total"], abs=1e-6)
+
+
+def test_a_lagged_fp8_run_splits_into_staleness_and_quantization(smollm2_cut, coin):
+    history = split_run(smollm2_cut, sampler="fp8", lag=1, max_steps=3, lr=1e-3)
+    late = history[-1]
+    assert late["staleness/token_max"] == 1
+    assert late["mismatch/part/staleness_abs"] > 1e-4  # the weights one update old
+    assert late["mismatch/part/quantization_abs"] > 1e-3  # FP8 rounding of a trained model
+    parts = sum(late[f"mismatch/part/{p}"] for p in ("staleness", "quantization", "engine", "rest"))
+    assert parts == pytest.approx(late["mismatch/part/total"], abs=1e-5)
+    assert late["mismatch/part/explained"] > 0.9  # the causes carry the total; the rest is numerical noise
+    assert history[0]["mismatch/part/staleness_abs"] == 0.0  # step 0 samples with the trainer's own weights
