@@ -44,13 +44,19 @@ def shown(value) -> str:
     return "none" if value is None else str(value)
 
 
+def builtin(registry, names: list[str]) -> list[str]:
+    """The names among `names` that lrl itself registers: a plugin's entries (a user's, or the tests') are left
+    out, so that the page is the same whatever was loaded before it was made."""
+    return [n for n in names if getattr(registry.get(n).factory, "__module__", "").split(".")[0] == "lrl"]
+
+
 def allowed(opt) -> str:
     from lrl.options import bounds_text, type_name
     from lrl.registry import Registry
 
     choices = opt.meta.get("choices")
     if isinstance(choices, Registry):
-        return "registered: " + ", ".join(choices.names())
+        return "registered: " + ", ".join(builtin(choices, choices.names()))
     if choices:
         return ", ".join(choices)
     bounds = bounds_text(opt.meta)
@@ -63,7 +69,8 @@ def applies(opt) -> str:
     parts = []
     if opt.meta.get("scope"):
         scope = opt.meta["scope"]
-        parts.append(f"{scope}: {', '.join(REGISTRIES[scope].users(opt.name)) or 'none'}")
+        registry = REGISTRIES[scope]
+        parts.append(f"{scope}: {', '.join(builtin(registry, registry.users(opt.name))) or 'none'}")
     if opt.meta.get("when"):
         parts.append(", ".join(f"{k}: {shown(v)}" for k, v in opt.meta["when"].items()))
     return "; ".join(parts)
