@@ -175,5 +175,46 @@ __all__ = [
     "Workers",
     "exit_words",
     "failed_error",
+    "OutboxReader",
     "process_state",
 ]
+
+
+class OutboxReader:
+    """``receive`` of a backend whose workers answer on one queue (local processes, threads): what came while the
+    trainer was away is read, and each worker heard from, before any worker is judged silent (a real model's update
+    outlasts the heartbeat timeout). A backend gives ``_get(timeout)`` (raising queue.Empty), ``_get_nowait()``,
+    ``check``, ``close``, ``liveness``, ``_checked`` and ``_pending``; ``_where`` names its workers in errors."""
+
+    _where = ""
+    _nowait_errors: tuple[type[BaseException], ...] = (queue.Empty,)
+
+    def receive(self, timeout: float):
+        """The next message from any worker (None when none came within `timeout`); raises WorkerError for a
+        worker that failed, died or went silent."""
+        if time.monotonic() - self._checked > CHECK_SECONDS:  # also while others keep talking
+            self._read_waiting()
+            self.check()
+        if self._pending:
+            message = self._pending.popleft()
+        else:
+            try:
+                message = self._get(timeout)
+            except queue.Empty:
+                self.check()
+                return None
+            self.liveness.heard_from(message.worker)
+        if isinstance(message, Failed):
+            self.close()
+            raise failed_error(f"rollout worker {message.worker}{self._where}", message.error, message.where)
+        return message
+
+    def _read_waiting(self) -> None:
+        while True:
+            try:
+                message = self._get_nowait()
+            except self._nowait_errors:
+                return
+            self.liveness.heard_from(message.worker)
+            self._pending.append(message)
+

@@ -21,9 +21,9 @@ import torch.multiprocessing as mp
 
 from lrl.pipeline.backends import spawn
 from lrl.pipeline.backends.base import (
-    CHECK_SECONDS,
     CLOSE_SECONDS,
     Liveness,
+    OutboxReader,
     WorkerError,
     exit_words,
     failed_error,
@@ -33,8 +33,10 @@ from lrl.pipeline.backends.base import (
 from lrl.pipeline.messages import Failed, Stop
 
 
-class LocalWorkers:
+class LocalWorkers(OutboxReader):
     """`n` rollout worker processes on this machine (a :class:`~lrl.pipeline.backends.base.Workers`)."""
+
+    _nowait_errors = (queue.Empty, OSError, ValueError)  # a queue closed under the reader
 
     def __init__(self, timeout: float):
         self.procs: list = []
@@ -75,36 +77,11 @@ class LocalWorkers:
     def send(self, worker: int, message) -> None:
         self.inboxes[worker].put(message)
 
-    def receive(self, timeout: float):
-        """The next message from any worker (None when none came within `timeout`); raises WorkerError for a
-        worker that failed, died or went silent."""
-        if time.monotonic() - self._checked > CHECK_SECONDS:  # also while others keep talking
-            self._read_waiting()
-            self.check()
-        if self._pending:
-            message = self._pending.popleft()
-        else:
-            try:
-                message = self.outbox.get(timeout=timeout)
-            except queue.Empty:
-                self.check()
-                return None
-            self.liveness.heard_from(message.worker)
-        if isinstance(message, Failed):
-            self.close()
-            raise failed_error(f"rollout worker {message.worker}", message.error, message.where)
-        return message
+    def _get(self, timeout: float):
+        return self.outbox.get(timeout=timeout)
 
-    def _read_waiting(self) -> None:
-        """Read what the workers sent while the trainer was not listening (a real model's update takes longer
-        than the heartbeat timeout), so that a worker is judged on when it spoke, not on when it was read."""
-        while True:
-            try:
-                message = self.outbox.get_nowait()
-            except (queue.Empty, OSError, ValueError):
-                return
-            self.liveness.heard_from(message.worker)
-            self._pending.append(message)
+    def _get_nowait(self):
+        return self.outbox.get_nowait()
 
     def check(self) -> None:
         """Every worker alive and heard from recently enough; else close them all and raise WorkerError."""

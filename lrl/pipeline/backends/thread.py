@@ -23,18 +23,20 @@ import threading
 import time
 
 from lrl.pipeline.backends.base import (
-    CHECK_SECONDS,
     CLOSE_SECONDS,
     Liveness,
+    OutboxReader,
     WorkerError,
     failed_error,
     failure_left_in,
 )
-from lrl.pipeline.messages import Failed, Stop
+from lrl.pipeline.messages import Stop
 
 
-class ThreadWorkers:
+class ThreadWorkers(OutboxReader):
     """`n` rollout workers as threads of this process (a :class:`~lrl.pipeline.backends.base.Workers`)."""
+
+    _where = " (thread)"
 
     def __init__(self, timeout: float):
         self.threads: list[threading.Thread] = []
@@ -74,34 +76,13 @@ class ThreadWorkers:
     def send(self, worker: int, message) -> None:
         self.inboxes[worker].put(copy.deepcopy(message))
 
-    def receive(self, timeout: float):
-        if time.monotonic() - self._checked > CHECK_SECONDS:
-            self._read_waiting()  # what came while the trainer computed counts before anyone is judged silent
-            self.check()
-        if self._pending:
-            message = self._pending.popleft()
-        else:
-            try:
-                # a copy, as a process boundary makes one: a checkpoint's state must not change with the worker's
-                # episodes once the worker goes on (the lists of an episode's state are the episode's own)
-                message = copy.deepcopy(self.outbox.get(timeout=timeout))
-            except queue.Empty:
-                self.check()
-                return None
-            self.liveness.heard_from(message.worker)
-        if isinstance(message, Failed):
-            self.close()
-            raise failed_error(f"rollout worker {message.worker} (thread)", message.error, message.where)
-        return message
+    # a copy, as a process boundary makes one: a checkpoint's state must not change with the worker's episodes
+    # once the worker goes on (the lists of an episode's state are the episode's own)
+    def _get(self, timeout: float):
+        return copy.deepcopy(self.outbox.get(timeout=timeout))
 
-    def _read_waiting(self) -> None:
-        while True:
-            try:
-                message = copy.deepcopy(self.outbox.get_nowait())
-            except queue.Empty:
-                return
-            self.liveness.heard_from(message.worker)
-            self._pending.append(message)
+    def _get_nowait(self):
+        return copy.deepcopy(self.outbox.get_nowait())
 
     def check(self) -> None:
         now = time.monotonic()
