@@ -220,7 +220,8 @@ def startup_notes(cfg: Config, run: Run | None = None) -> list[str]:
         size = parameters(run.policy)
         notes.append(f"model: {cfg.model or 'the environment policy'} ({size / 1e6:.1f}M parameters)")
         auto = " (auto)" if cfg.precision == "auto" else ""
-        notes.append(describe(run.module.precision, run.module.device) + auto)
+        # the module is moved to its accelerator when fit starts: name the device it will compute on
+        notes.append(describe(run.module.precision, "cuda" if cfg.accelerator == "gpu" else "cpu") + auto)
         if cfg.sampler in SAMPLERS.users("decode"):
             notes.append(f"sampler decode: {resolve_decode(cfg.decode, run.policy)}")
         if run.module.memory is not None and run.module.memory.chunked:
