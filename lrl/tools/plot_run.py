@@ -1,6 +1,7 @@
 """Plot a run's TensorBoard curves to a PNG: reward, held-out pass rate, reads, invalid actions.
 
 python -m lrl.tools.plot_run runs/lrl/version_0 --out docs/img/train_curve.png
+python -m lrl.tools.plot_run runs/lrl/version_0 --split --out split.png   # the mismatch split's parts over the run
 """
 
 from __future__ import annotations
@@ -55,6 +56,46 @@ def plot_run(log_dir: str | Path, out: str | Path, title: str | None = None) -> 
     return out
 
 
+SPLIT_PARTS = ("staleness", "quantization", "engine", "rest")
+
+
+def plot_split(log_dir: str | Path, out: str | Path, title: str | None = None) -> Path:
+    """The mismatch split of a run (``--mismatch-split-every K``) over its steps: each part's mean |part| beside
+    the total's, each part's signed mean (they add up to the total's), and the share the three causes explain."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scalars = read_scalars(log_dir)
+    if "mismatch/part/total_abs" not in scalars:
+        raise SystemExit(f"{log_dir}: no mismatch split (mismatch/part/*); run with --mismatch-split-every K")
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    panels = (
+        (axes[0], "mean |part| per token (nats)", [f"{p}_abs" for p in SPLIT_PARTS] + ["total_abs"]),
+        (axes[1], "mean part per token, signed (nats)", list(SPLIT_PARTS) + ["total"]),
+        (axes[2], "share of |total| the causes explain", ["explained"]),
+    )
+    for ax, name, parts in panels:
+        for part in parts:
+            points = scalars.get(f"mismatch/part/{part}", [])
+            if points:
+                steps, values = zip(*points)
+                style = {"color": "black", "lw": 2} if part.startswith("total") else {}
+                ax.plot(steps, values, marker="o", ms=3, label=part, **style)
+        ax.set(title=name, xlabel="training step (policy version)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[2].set_ylim(0, 1.05)
+    fig.suptitle(title or str(log_dir), fontsize=10)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def find_run(path: str | Path) -> Path:
     """The run folder to plot: `path` itself when it holds TensorBoard events, else the newest run below it."""
     path = Path(path)
@@ -77,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="train_curve.png", help="PNG to write")
     parser.add_argument("--title", default=None)
+    parser.add_argument("--split", action="store_true", help="plot the mismatch split's parts instead")
     args = parser.parse_args(argv)
     from lrl.runs import check_output
 
@@ -88,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(problem)
     if run != Path(args.log_dir):
         print(f"plotting the newest run below {args.log_dir}: {run}")
-    print(plot_run(run, args.out, args.title))
+    print((plot_split if args.split else plot_run)(run, args.out, args.title))
     return 0
 
 

@@ -31,6 +31,7 @@ TINY = {
     "lrl.experiments.estimators": ["--sigmas", "0.5", "--reps", "20", "--samples", "8", "--vocab", "10"],
     "lrl.tools.mismatch": ["--new-tokens", "2", "--trainer-batch", "0"],
     "lrl.tools.plot_run": ["{events}", "--out", "{events}/curves.png"],
+    "bench/runs_table.py": ["one run={events}", "--learned", "0.5"],
 }
 # --help only: the same main as an entry run tiny above, or too long to run tiny
 HELP_ONLY = {
@@ -139,3 +140,5 @@ def test_a_tiny_configuration_runs(tiny, name):
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     if name == "lrl.tools.plot_run":
         assert (events / "curves.png").stat().st_size > 0
+    if name == "bench/runs_table.py":  # the events' held-out pass rate goes 0, 1/3, 2/3: a gain of 2/3, learned
+        assert "| one run | 1 | 0.000 -> 0.667 | 0.667 | 0.667 | 1 of 1 |" in out.stdout, out.stdout
