@@ -152,6 +152,15 @@ class RolloutOptions:
         scope="stale_policy",
         when={**ASYNC, "staleness_drop": True},
     )
+    worker_threads: int = option(
+        1,
+        "torch CPU threads of each rollout worker that is a process of its own (local or Ray); thread workers "
+        "share the trainer's --threads. More than 1 pays where the machine has cores beyond the trainer's",
+        gt=0,
+        le=1024,
+        when=ASYNC,
+        resumable=True,
+    )
     rollout_backend: str = option(
         "local",
         "where rollout workers run (a registered backend): local processes, threads of this process, or Ray "

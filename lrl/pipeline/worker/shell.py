@@ -73,10 +73,8 @@ class Worker:
         from lrl.envs import make_env, run_tokenizer
         from lrl.samplers import make_sampler
 
-        if (
-            trainer is not None
-        ):  # a process of its own; in the trainer's process the threads are the trainer's
-            torch.set_num_threads(1)
+        if trainer is not None:  # a process of its own; in the trainer's process the threads are the trainer's
+            torch.set_num_threads(int(setup.cfg.get("worker_threads", 1)))
         self.trainer = trainer
         self.index = index
         self.rank = setup.rank
