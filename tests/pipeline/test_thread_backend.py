@@ -125,7 +125,7 @@ def test_a_worker_thread_that_raises_is_one_line_naming_it(monkeypatch):
         fit(run)
 
 
-def test_a_worker_process_computes_on_the_threads_it_is_given():
+def test_a_worker_process_computes_on_the_threads_it_is_given(monkeypatch):
     """A worker in a process of its own takes --worker-threads; in the trainer's process it leaves the trainer's."""
     import os
     import queue
@@ -139,16 +139,13 @@ def test_a_worker_process_computes_on_the_threads_it_is_given():
     from lrl.pipeline.worker.shell import Worker
     from lrl.policy import make_policy
 
-    before = torch.get_num_threads()
     cfg = quick_cfg(pipeline="async", rollout_workers=1, worker_threads=3)
     policy = make_policy(make_env(cfg, run_tokenizer(cfg)).tok)
     board = SimpleNamespace(read_newest=lambda shadow, version: None)  # nothing published yet
     setup = Setup(cfg.to_dict(), 0, 1, board, type(policy), policy.config, None, shadow=policy)
-    try:
-        torch.set_num_threads(2)
-        Worker(None, 0, setup, queue.Queue(), queue.Queue())  # a thread of the trainer's process
-        assert torch.get_num_threads() == 2
-        Worker(os.getpid(), 0, setup, queue.Queue(), queue.Queue())  # a process of its own (the trainer's pid given)
-        assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(before)
+    asked = []  # the process-wide thread count is not changed by the test: the calls are recorded instead
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
+    Worker(None, 0, setup, queue.Queue(), queue.Queue())  # a thread of the trainer's process
+    assert asked == []
+    Worker(os.getpid(), 0, setup, queue.Queue(), queue.Queue())  # a process of its own (the trainer's pid given)
+    assert asked == [3]

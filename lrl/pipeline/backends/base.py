@@ -216,5 +216,8 @@ class OutboxReader:
             except self._nowait_errors:
                 return
             self.liveness.heard_from(message.worker)
+            if isinstance(message, Failed):  # raised now: `check` looks for it in the queue, no longer here
+                self.close()
+                raise failed_error(f"rollout worker {message.worker}{self._where}", message.error, message.where)
             self._pending.append(message)
 
