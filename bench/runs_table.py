@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from lrl.tools.plot_run import read_scalars
+from lrl.tools.plot_run import read_events
 
 
 def run_folders(pattern: str) -> list[Path]:
@@ -34,34 +34,26 @@ def run_folders(pattern: str) -> list[Path]:
     return found
 
 
-def mean_of(scalars: dict, tag: str) -> float | None:
-    points = scalars.get(tag, [])
-    return statistics.fmean(v for _, v in points) if points else None
-
-
-def wall_seconds(run: Path) -> float | None:
-    """From the run's first logged scalar to its last (model loading before the first step is not in it)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
-    acc.Reload()
-    times = [e.wall_time for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)]
-    return max(times) - min(times) if times else None
+def mean_of(events: dict, tag: str) -> float | None:
+    points = events.get(tag, [])
+    return statistics.fmean(e.value for e in points) if points else None
 
 
 def one_run(run: Path) -> dict:
-    scalars = read_scalars(run)
-    held = scalars.get("val/pass_rate", [])
+    events = read_events(run)
+    held = [(e.step, e.value) for e in events.get("val/pass_rate", [])]
     if not held:
         raise SystemExit(f"{run}: no held-out evaluation (val/pass_rate) in its events")
+    # from the run's first logged scalar to its last (model loading before the first step is not in it)
+    times = [e.wall_time for series in events.values() for e in series]
     return {
         "run": str(run),
         "held": held,
         "gain": held[-1][1] - held[0][1],
-        "mismatch": mean_of(scalars, "mismatch/abs_mean"),
-        "over_cap": mean_of(scalars, "mismatch/over_cap"),
-        "ess": mean_of(scalars, "mismatch/ess_raw"),
-        "wall": wall_seconds(run),
+        "mismatch": mean_of(events, "mismatch/abs_mean"),
+        "over_cap": mean_of(events, "mismatch/over_cap"),
+        "ess": mean_of(events, "mismatch/ess_raw"),
+        "wall": max(times) - min(times),
     }
 
 

@@ -177,13 +177,12 @@ def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int) -> Me
     chunked = params > 0 and train_episodes * episode_tokens * vocab > FULL_LOGITS_LIMIT
     if not chunked:
         return MemoryPlan(budget, 16 * params, 0, 0, 0, None, None, False)
-    from lrl.precision import resolve_precision
+    from lrl.precision import accelerator_device, resolve_precision
 
     static = PROCESS_BYTES + static_bytes(cfg, params)
     attention = 4 * heads * episode_tokens  # per layer and token: one row of attention weights
     train_token = 4 * (TRAIN_HIDDEN * hidden + TRAIN_INTERMEDIATE * inter) * layers + attention * layers
-    device = "cuda" if cfg.accelerator == "gpu" else "cpu"
-    if resolve_precision(cfg.precision, params, device) == "bf16":
+    if resolve_precision(cfg.precision, params, accelerator_device(cfg.accelerator)) == "bf16":
         train_token = int(train_token * BF16_ACTIVATIONS)
     score_token = 4 * (SCORE_HIDDEN * hidden + SCORE_INTERMEDIATE * inter) + attention
     head = HEAD_TENSORS * 4 * CHUNK_TOKENS * vocab

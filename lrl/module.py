@@ -23,7 +23,7 @@ from lrl.evaluation import heldout
 from lrl.logprobs import scored_in_rows, token_log_probs
 from lrl.losses import clipped_policy_loss
 from lrl.metrics import step_metrics
-from lrl.precision import autocast, resolve_precision
+from lrl.precision import accelerator_device, autocast, resolve_precision
 from lrl.stats import policy_shift
 from lrl.streams import EVALUATION, SHUFFLE, stream_seed
 from lrl.update import (
@@ -67,7 +67,7 @@ class OffPolicyModule(L.LightningModule):
         self.source = source
         self.spec = spec
         self.memory = memory  # lrl.budget.MemoryPlan: how many tokens one forward may hold (None: a batch)
-        self.precision = resolve_precision(cfg.precision, policy, "cuda" if cfg.accelerator == "gpu" else "cpu")
+        self.precision = resolve_precision(cfg.precision, policy, accelerator_device(cfg.accelerator))
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
         self.shuffle = torch.Generator().manual_seed(stream_seed(cfg.seed, SHUFFLE))

@@ -38,6 +38,11 @@ def cpu_bf16_features() -> tuple[str, ...]:
     return ()
 
 
+def accelerator_device(accelerator: str) -> str:
+    """The torch device type a run's trainer computes on, for its --accelerator."""
+    return "cuda" if accelerator == "gpu" else "cpu"
+
+
 def native_bf16(device: torch.device | str = "cpu") -> bool:
     device = torch.device(device)
     if device.type == "cuda":

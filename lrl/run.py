@@ -212,7 +212,7 @@ def startup_notes(cfg: Config, run: Run | None = None) -> list[str]:
     """What a user should know at the start of a run that the options alone do not say."""
     from lrl.envs.latency import parse_latency
     from lrl.envs.workers import DEFAULT_TOOL_TIMEOUT
-    from lrl.precision import LARGE_MODEL, describe, parameters, resolve_decode
+    from lrl.precision import LARGE_MODEL, accelerator_device, describe, parameters, resolve_decode
     from lrl.registry import SAMPLERS
 
     notes = []
@@ -221,7 +221,7 @@ def startup_notes(cfg: Config, run: Run | None = None) -> list[str]:
         notes.append(f"model: {cfg.model or 'the environment policy'} ({size / 1e6:.1f}M parameters)")
         auto = " (auto)" if cfg.precision == "auto" else ""
         # the module is moved to its accelerator when fit starts: name the device it will compute on
-        notes.append(describe(run.module.precision, "cuda" if cfg.accelerator == "gpu" else "cpu") + auto)
+        notes.append(describe(run.module.precision, accelerator_device(cfg.accelerator)) + auto)
         if cfg.sampler in SAMPLERS.users("decode"):
             notes.append(f"sampler decode: {resolve_decode(cfg.decode, run.policy)}")
         if run.module.memory is not None and run.module.memory.chunked:

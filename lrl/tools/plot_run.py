@@ -17,26 +17,48 @@ PANELS = (
 )
 
 
-def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """All scalar series of a TensorBoard run directory -> {tag: [(step, value), ...]}."""
+def read_events(log_dir: str | Path) -> dict:
+    """All scalar events of a TensorBoard run directory -> {tag: [ScalarEvent(wall_time, step, value), ...]}."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {tag: acc.Scalars(tag) for tag in acc.Tags()["scalars"]}
 
 
-def plot_run(log_dir: str | Path, out: str | Path, title: str | None = None) -> Path:
-    """Write the four-panel figure of a run to `out`."""
+def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalar series of a TensorBoard run directory -> {tag: [(step, value), ...]}."""
+    return {tag: [(e.step, e.value) for e in events] for tag, events in read_events(log_dir).items()}
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, out: str | Path, title: str) -> Path:
+    """Title, lay out, write and close a figure -> the path written."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_run(log_dir: str | Path, out: str | Path, title: str | None = None) -> Path:
+    """Write the four-panel figure of a run to `out`."""
     scalars = read_scalars(log_dir)
     if not scalars:
         raise SystemExit(f"{log_dir}: no TensorBoard scalars found")
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
+    fig, axes = _pyplot().subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
     for ax, (name, tags, ylim) in zip(axes, PANELS):
         for tag in tags:
             if tag in scalars:
@@ -47,13 +69,7 @@ def plot_run(log_dir: str | Path, out: str | Path, title: str | None = None) -> 
             ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(title or str(log_dir), fontsize=10)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out, title or str(log_dir))
 
 
 SPLIT_PARTS = ("staleness", "quantization", "engine", "rest")
@@ -62,15 +78,10 @@ SPLIT_PARTS = ("staleness", "quantization", "engine", "rest")
 def plot_split(log_dir: str | Path, out: str | Path, title: str | None = None) -> Path:
     """The mismatch split of a run (``--mismatch-split-every K``) over its steps: each part's mean |part| beside
     the total's, each part's signed mean (they add up to the total's), and the share the three causes explain."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     scalars = read_scalars(log_dir)
     if "mismatch/part/total_abs" not in scalars:
         raise SystemExit(f"{log_dir}: no mismatch split (mismatch/part/*); run with --mismatch-split-every K")
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    fig, axes = _pyplot().subplots(1, 3, figsize=(13, 3.4))
     panels = (
         (axes[0], "mean |part| per token (nats)", [f"{p}_abs" for p in SPLIT_PARTS] + ["total_abs"]),
         (axes[1], "mean part per token, signed (nats)", list(SPLIT_PARTS) + ["total"]),
@@ -87,13 +98,7 @@ def plot_split(log_dir: str | Path, out: str | Path, title: str | None = None) -
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[2].set_ylim(0, 1.05)
-    fig.suptitle(title or str(log_dir), fontsize=10)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out, title or str(log_dir))
 
 
 def find_run(path: str | Path) -> Path:

@@ -269,7 +269,8 @@ def test_a_failed_message_closes_the_workers_and_names_the_worker():
     assert not workers.running
 
 
-def test_a_worker_thread_that_ends_without_a_word_is_one_line():
+def ended_thread_workers():
+    """Thread workers whose one worker thread has already ended."""
     from lrl.pipeline.backends.thread import ThreadWorkers
 
     workers = ThreadWorkers(timeout=5.0)
@@ -278,6 +279,11 @@ def test_a_worker_thread_that_ends_without_a_word_is_one_line():
     workers.liveness.reset(1)
     workers.threads[0].start()
     workers.threads[0].join()
+    return workers
+
+
+def test_a_worker_thread_that_ends_without_a_word_is_one_line():
+    workers = ended_thread_workers()
     with pytest.raises(WorkerError, match=r"rollout worker 0 \(thread\) ended without reporting an error"):
         workers.check()
 
@@ -286,18 +292,11 @@ def test_a_worker_thread_that_ends_without_a_word_is_one_line():
 def test_a_failure_read_with_the_waiting_messages_is_named_with_its_error(backend):
     """The periodic check first reads what waited in the queue, then judges the workers: a worker that reported
     its error and ended is named with that error, not as one that ended without a word."""
-    from lrl.pipeline.backends.thread import ThreadWorkers
-
     failed = Failed(0, "RuntimeError: the environment broke", "env.py:7")
     if backend == "local":
         workers = local_workers([FakeProcess(alive=False, exitcode=1)], outbox=[failed])
     else:
-        workers = ThreadWorkers(timeout=5.0)
-        workers.threads = [threading.Thread(target=lambda: None)]
-        workers.inboxes = [FakeQueue()]
-        workers.liveness.reset(1)
-        workers.threads[0].start()
-        workers.threads[0].join()
+        workers = ended_thread_workers()
         workers.outbox.put(failed)
     workers._checked = time.monotonic() - 3600  # the check is due: receive reads the queue before judging
     with pytest.raises(WorkerError, match=r"rollout worker 0( \(thread\))? failed: RuntimeError: the environment"):

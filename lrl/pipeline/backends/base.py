@@ -205,8 +205,7 @@ class OutboxReader:
                 return None
             self.liveness.heard_from(message.worker)
         if isinstance(message, Failed):
-            self.close()
-            raise failed_error(f"rollout worker {message.worker}{self._where}", message.error, message.where)
+            self._fail(message)
         return message
 
     def _read_waiting(self) -> None:
@@ -217,7 +216,10 @@ class OutboxReader:
                 return
             self.liveness.heard_from(message.worker)
             if isinstance(message, Failed):  # raised now: `check` looks for it in the queue, no longer here
-                self.close()
-                raise failed_error(f"rollout worker {message.worker}{self._where}", message.error, message.where)
+                self._fail(message)
             self._pending.append(message)
 
+    def _fail(self, message: Failed):
+        """Close the workers and raise the failure a worker reported."""
+        self.close()
+        raise failed_error(f"rollout worker {message.worker}{self._where}", message.error, message.where)
