@@ -5,7 +5,8 @@
 #            (bf16 and fp32 trainer against the bf16 KV-cache engine, batch 1 against 30, the fp32 engine, FP8)
 #            and the calc recipe trained on the GPU (held-out at steps 0, 10, 20, 30)
 #   qwen3    the bf16 mismatch on a randomly initialised model of Qwen3-0.6B's shape, with lrl's imitation engine
-#            and, where the vllm package is installed, with vLLM; the engine benchmark at that size
+#            and, where the vllm package is installed, with vLLM; the cost of drawing a decode step's tokens on the
+#            GPU against the CPU; the engine benchmark at that size
 # Figures go to $OUT (default results/gpu); put them, with the GPU named, in docs/engine.md.
 #
 #   bash bench/gpu_check.sh                 # every part, from the repository root; PYTHONPATH=. is enough
@@ -71,7 +72,8 @@ if wants qwen3; then
   else
     echo "== mismatch_vllm skipped: vllm is not installed (pip install vllm)" | tee -a "$OUT/summary.txt"
   fi
-  step bench_engine 90 python bench/bench_engine.py --shape qwen3-0.6b --device cuda --dtype bfloat16 \
+  step bench_sampling 60 python bench/bench_sampling.py
+  step bench_engine 120 python bench/bench_engine.py --shape qwen3-0.6b --device cuda --dtype bfloat16 \
     --prompts 30 --new-tokens 32 --repeats 2
 fi
 cat "$OUT/summary.txt"

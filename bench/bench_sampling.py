@@ -1,0 +1,76 @@
+"""What drawing one decode step's tokens costs, at a real model's vocabulary, by where the log-probs live.
+
+    python bench/bench_sampling.py                 # the CPU; on a machine with a GPU, the GPU rows too
+    python bench/bench_sampling.py --threads 2
+
+Rows: torch.multinomial on the CPU (what a CPU run does at every decode step); the inverse-CDF draw on the CPU (the
+same arithmetic as the GPU path, for comparison); and, with a GPU, the GPU path of ``sample_tokens`` (one seeded
+uniform a row from the CPU generator, the token found on the GPU) against moving the log-probs to the CPU and
+drawing there (what every step did before the GPU path). Milliseconds a decode step, median of ``--repeats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from lrl.decoding import inverse_cdf_tokens, sample_tokens
+
+VOCABS = {"smollm2-135m": 49_152, "qwen3-0.6b": 151_936}
+
+
+def timed(fn, repeats: int, sync) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=32, help="sequences in the decode batch")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    print(f"{args.rows} rows | {args.threads} CPU thread(s) | ms a decode step, median of {args.repeats}")
+    for name, vocab in VOCABS.items():
+        logp = torch.log_softmax(torch.randn(args.rows, vocab, generator=generator), -1)
+        uniform = torch.rand(args.rows, 1, dtype=torch.float64, generator=generator)
+        for row, ms in step_costs(logp, uniform, generator, args.repeats).items():
+            print(f"{name:<13} vocab {vocab:>7,}  {row:<46} {ms:8.2f} ms")
+
+
+def step_costs(logp: torch.Tensor, uniform: torch.Tensor, generator: torch.Generator, repeats: int) -> dict:
+    def none():
+        return None
+
+    rows = {
+        "cpu: torch.multinomial": timed(lambda: sample_tokens(logp, generator), repeats, none),
+        "cpu: inverse CDF": timed(lambda: inverse_cdf_tokens(logp, uniform), repeats, none),
+    }
+    if torch.cuda.is_available():
+        on_gpu = logp.cuda()
+        sync = torch.cuda.synchronize
+        rows["gpu: log-probs to the CPU, multinomial there"] = timed(
+            lambda: sample_tokens(on_gpu.cpu(), generator), repeats, sync
+        )
+        rows["gpu: sample_tokens (inverse CDF on the GPU)"] = timed(
+            lambda: sample_tokens(on_gpu, generator), repeats, sync
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    main()
