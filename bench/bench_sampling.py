@@ -6,32 +6,21 @@
 Rows: torch.multinomial on the CPU (what a CPU run does at every decode step); the inverse-CDF draw on the CPU (the
 same arithmetic as the GPU path, for comparison); and, with a GPU, the GPU path of ``sample_tokens`` (one seeded
 uniform a row from the CPU generator, the token found on the GPU) against moving the log-probs to the CPU and
-drawing there (what every step did before the GPU path). Milliseconds a decode step, median of ``--repeats``.
+drawing there (what every step did before the GPU path). Milliseconds a decode step, best of ``--repeats``
+rounds in which the draws take turns (bench_engine's ``interleaved``); every draw ends with its tokens on the CPU,
+so a GPU's work is finished when its time is read.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from bench_engine import interleaved
 
 from lrl.decoding import inverse_cdf_tokens, sample_tokens
 
 VOCABS = {"smollm2-135m": 49_152, "qwen3-0.6b": 151_936}
-
-
-def timed(fn, repeats: int, sync) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main(argv=None) -> None:
@@ -44,7 +33,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    print(f"{args.rows} rows | {args.threads} CPU thread(s) | ms a decode step, median of {args.repeats}")
+    print(f"{args.rows} rows | {args.threads} CPU thread(s) | ms a decode step, best of {args.repeats}")
     for name, vocab in VOCABS.items():
         logp = torch.log_softmax(torch.randn(args.rows, vocab, generator=generator), -1)
         uniform = torch.rand(args.rows, 1, dtype=torch.float64, generator=generator)
@@ -53,23 +42,23 @@ def main(argv=None) -> None:
 
 
 def step_costs(logp: torch.Tensor, uniform: torch.Tensor, generator: torch.Generator, repeats: int) -> dict:
-    def none():
-        return None
-
-    rows = {
-        "cpu: torch.multinomial": timed(lambda: sample_tokens(logp, generator), repeats, none),
-        "cpu: inverse CDF": timed(lambda: inverse_cdf_tokens(logp, uniform), repeats, none),
+    draws = {
+        "cpu: torch.multinomial": (lambda: sample_tokens(logp, generator), None),
+        "cpu: inverse CDF": (lambda: inverse_cdf_tokens(logp, uniform), None),
     }
     if torch.cuda.is_available():
         on_gpu = logp.cuda()
-        sync = torch.cuda.synchronize
-        rows["gpu: log-probs to the CPU, multinomial there"] = timed(
-            lambda: sample_tokens(on_gpu.cpu(), generator), repeats, sync
+        draws["gpu: log-probs to the CPU, multinomial there"] = (
+            lambda: sample_tokens(on_gpu.cpu(), generator),
+            None,
         )
-        rows["gpu: sample_tokens (inverse CDF on the GPU)"] = timed(
-            lambda: sample_tokens(on_gpu, generator), repeats, sync
+        draws["gpu: sample_tokens (inverse CDF on the GPU)"] = (
+            lambda: sample_tokens(on_gpu, generator),
+            None,
         )
-    return rows
+    interleaved(draws, 1)  # warm-up
+    seconds, _ = interleaved(draws, repeats)
+    return {name: s * 1e3 for name, s in seconds.items()}
 
 
 if __name__ == "__main__":

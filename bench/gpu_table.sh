@@ -46,11 +46,12 @@ if command -v nvidia-smi > /dev/null; then
   watcher=$!
 fi
 
-pids=()
+pids=() names=()
 for pair in $ROWS; do
   row=${pair%%:*} seed=${pair##*:}
   args=$(row_args "$row") || exit 2
   name=${row}_s$seed
+  names+=("$name")
   # shellcheck disable=SC2086  # the row's arguments are words
   timeout $((deadline - $(date +%s))) python train.py --env calc --accelerator "$ACCELERATOR" --threads "$THREADS" \
     --seed "$seed" $args --progress false $EXTRA --log-dir "$OUT/runs/$name" --history-file "$OUT/$name.jsonl" \
@@ -61,13 +62,12 @@ done
 start=$(date +%s)
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"
-  echo "exit $? after $(($(date +%s) - start)) s: $(echo $ROWS | cut -d' ' -f$((i + 1)))" | tee -a "$OUT/exits.txt"
+  echo "exit $? after $(($(date +%s) - start)) s: ${names[$i]}" | tee -a "$OUT/exits.txt"
 done
 [[ -n $watcher ]] && kill "$watcher" 2> /dev/null
 
 tables=()
-for pair in $ROWS; do
-  name=${pair%%:*}_s${pair##*:}
+for name in "${names[@]}"; do
   tables+=("$name=$OUT/runs/$name")
 done
 python bench/runs_table.py "${tables[@]}" | tee "$OUT/table.md"
