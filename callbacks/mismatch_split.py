@@ -45,7 +45,7 @@ class Numerics:
     transform: object = None  # in-place transform of a model's weights (FP8 rounding), or None
     decode: str = "trainer"  # 'trainer' or 'kvcache'
     dtype: torch.dtype = torch.float32  # the dtype of the sampler's weight copy
-    precision: str = "fp32"  # the autocast the sampler decodes under ('fp32' or 'bf16')
+    precision: str = "fp32"  # the autocast the sampler decodes under ('fp32', 'bf16' or 'fp16')
     sampling: object = None  # lrl.decoding.Sampling: temperature, top-k, top-p
 
 

@@ -32,10 +32,11 @@ def from_dict(data: dict[str, Any]) -> Config:
     if problems:
         raise ConfigError("; ".join(problems))
     for scope, registry in REGISTRIES.items():
-        name = data.get(scope, OPTIONS[scope].default)
-        if name in registry:
-            for key, value in registry.get(name).defaults:
-                data.setdefault(key, value)
+        value = data.get(scope, OPTIONS[scope].default)
+        for name in value if isinstance(value, list) else [value]:
+            if name in registry:
+                for key, default in registry.get(name).defaults:
+                    data.setdefault(key, default)
     data = {k: _as_float(v) if float in accepted_types(OPTIONS[k].annotation) else v for k, v in data.items()}
     return Config(**data)
 

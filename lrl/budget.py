@@ -125,7 +125,9 @@ def parameter_count(cfg) -> int:
 TRAIN_HIDDEN, TRAIN_INTERMEDIATE = 12, 6
 SCORE_HIDDEN, SCORE_INTERMEDIATE = 6, 3
 HEAD_TENSORS = 4  # a head chunk's logits, their softmax, and (training) their gradient and a copy
-BF16_ACTIVATIONS = 0.75  # under bf16 autocast a trained token keeps 1.44 MiB where fp32 keeps 1.93 (SmolLM2-135M)
+BF16_ACTIVATIONS = (
+    0.75  # under bf16 autocast a trained token keeps 1.44 MiB where fp32 keeps 1.93 (SmolLM2-135M)
+)
 # the most padded tokens in one training forward: past a few thousand a CPU forward goes no faster, and the
 # memory it holds is the run's peak
 MICRO_TOKENS = 2048
@@ -182,7 +184,7 @@ def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int) -> Me
     static = PROCESS_BYTES + static_bytes(cfg, params)
     attention = 4 * heads * episode_tokens  # per layer and token: one row of attention weights
     train_token = 4 * (TRAIN_HIDDEN * hidden + TRAIN_INTERMEDIATE * inter) * layers + attention * layers
-    if resolve_precision(cfg.precision, params, accelerator_device(cfg.accelerator)) == "bf16":
+    if resolve_precision(cfg.precision, params, accelerator_device(cfg.accelerator)) in ("bf16", "fp16"):
         train_token = int(train_token * BF16_ACTIVATIONS)
     score_token = 4 * (SCORE_HIDDEN * hidden + SCORE_INTERMEDIATE * inter) + attention
     head = HEAD_TENSORS * 4 * CHUNK_TOKENS * vocab

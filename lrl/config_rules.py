@@ -24,14 +24,14 @@ def _registry_rules(cfg) -> list[str]:
             continue  # an option of another mode altogether: _mode_rules says so
         chosen = getattr(cfg, scope)
         registry = REGISTRIES[scope]
-        if f.name not in registry.get(chosen).uses:
+        if not any(f.name in entry.uses for entry in registry.chosen(chosen)):
             users = ", ".join(registry.users(f.name)) or "none"
             value = getattr(cfg, f.name)
             problems.append(f"{f.name}: {value!r} is not used by {scope} {chosen!r}; it applies to: {users}")
     for scope, registry in REGISTRIES.items():
-        entry = registry.get(getattr(cfg, scope))
-        if entry.check is not None:
-            problems += list(entry.check(cfg))
+        for entry in registry.chosen(getattr(cfg, scope)):
+            if entry.check is not None:
+                problems += list(entry.check(cfg))
     return problems
 
 
@@ -123,6 +123,34 @@ def _shared_rules(cfg) -> list[str]:
     return problems
 
 
+def _loss_rules(cfg) -> list[str]:
+    """The loss, the proximal policy and the correction fit together: pg has no ratio to a proximal policy; under
+    proximal rollout the clipped and CISPO losses' own ratio pi / mu is the correction (a weight on top would count
+    it twice); a correction that reads the whole batch needs every row's pi_old before the first minibatch's loss."""
+    from lrl.registry import CORRECTIONS, MASKS
+
+    problems = []
+    if cfg.loss == "pg" and cfg.proximal == "interpolate":
+        problems.append(
+            "proximal: interpolate approximates pi_prox for a loss's ratio, and loss pg has none; "
+            "use proximal recompute or rollout"
+        )
+    if cfg.proximal == "rollout" and cfg.loss != "pg" and cfg.correction != "none":
+        problems.append(
+            f"correction: with proximal rollout the {cfg.loss} loss's own ratio pi / mu carries the correction, and "
+            f"{cfg.correction!r} weights on top would count it twice; use loss pg (whose weights are the "
+            "correction), proximal recompute, or a mask"
+        )
+    batch = [e.name for e in [CORRECTIONS.get(cfg.correction), *MASKS.chosen(cfg.masks)] if e.batch]
+    batch += ["normalize"] if cfg.normalize else []
+    if batch and cfg.proximal != "recompute":
+        problems.append(
+            f"{', '.join(batch)}: reads the whole batch's pi_old before the first minibatch's loss, and proximal "
+            f"{cfg.proximal} scores none; use proximal recompute"
+        )
+    return problems
+
+
 def _rollout_rules(cfg) -> list[str]:
     """The rollout engine's own options: a latency that parses, and a timeout that can be met."""
     from lrl.envs.latency import parse_latency
@@ -134,4 +162,12 @@ def _rollout_rules(cfg) -> list[str]:
     return []
 
 
-RULES = [_run_name_rules, _shared_rules, _mode_rules, _pipeline_rules, _registry_rules, _rollout_rules]
+RULES = [
+    _run_name_rules,
+    _shared_rules,
+    _mode_rules,
+    _pipeline_rules,
+    _registry_rules,
+    _rollout_rules,
+    _loss_rules,
+]

@@ -1,8 +1,18 @@
-"""Advantages and the clipped policy loss, as pure functions of tensors."""
+"""Advantages and the policy losses (clipped, plain policy gradient, CISPO), as pure functions of tensors.
+
+Every loss takes the policy's log-probs ``logp`` (with gradient), the proximal policy's ``old_logp`` (pi_prox,
+detached), the per-token advantage ``token_adv`` (``w * A``: the behavior correction's weights times the
+advantage, detached) and the action ``mask``, all ``[B, T]``, and returns the loss summed over action tokens and
+divided by their count (before any weight zeroes some of them), with its statistics.
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+LOSSES = ("clipped", "pg", "cispo")
 
 
 def group_advantages(
@@ -56,6 +66,65 @@ def clipped_policy_loss(
             "approx_kl": (((ratio - 1) - log_ratio) * mask).sum() / n,  # k3 estimator of KL(old||new)
         }
     return loss, stats
+
+
+def pg_policy_loss(
+    logp: torch.Tensor, old_logp: torch.Tensor, token_adv: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The plain policy gradient: -sum_t w A log pi / number of action tokens, so every token's gradient is
+    w A grad log pi (the weights detached, no ratio, no clip): [B, T] -> []. ``old_logp`` enters only the
+    statistics (approx_kl, k3 of KL(pi_prox || pi))."""
+    on = mask.bool()
+    per_token = torch.where(on, -token_adv.detach() * logp, 0.0)
+    n = mask.sum().clamp(min=1.0)
+    return per_token.sum() / n, _stats(logp, old_logp, mask, torch.zeros_like(on))
+
+
+def cispo_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    token_adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps_high: float = 0.28,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO: -sum_t sg(min(rho, 1 + eps_high)) w A log pi / number of action tokens, rho = pi / pi_prox: [B, T] -> [].
+
+    The ratio is truncated and detached, not clipped inside a min, so a token past the truncation keeps its
+    gradient (scaled by 1 + eps_high) instead of losing it. The ratio is formed in log space and truncated before
+    it is exponentiated: finite whatever the log-ratio."""
+    on = mask.bool()
+    log_ratio = torch.where(on, logp - old_logp, 0.0).detach()  # [B, T]
+    ceiling = math.log1p(eps_high)
+    coef = log_ratio.clamp(max=ceiling).exp()  # [B, T] <= 1 + eps_high
+    per_token = torch.where(on, -(coef * token_adv.detach()) * logp, 0.0)
+    n = mask.sum().clamp(min=1.0)
+    return per_token.sum() / n, _stats(logp, old_logp, mask, (log_ratio > ceiling) & on)
+
+
+def _stats(logp, old_logp, mask, truncated) -> dict[str, torch.Tensor]:
+    """clip_frac (share of action tokens whose ratio the loss clipped or truncated) and approx_kl (k3 of
+    KL(pi_prox || pi)), over the action tokens."""
+    with torch.no_grad():
+        on = mask.bool()
+        log_ratio = torch.where(on, logp - old_logp, 0.0)
+        n = mask.sum().clamp(min=1.0)
+        return {
+            "clip_frac": (truncated.float() * mask).sum() / n,
+            "approx_kl": ((torch.expm1(log_ratio) - log_ratio) * mask).sum() / n,
+        }
+
+
+def policy_loss(
+    kind: str, logp, old_logp, token_adv, mask, eps_low: float = 0.2, eps_high: float = 0.28
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss named by `kind` (``LOSSES``): clipped, pg or cispo -> (loss [], statistics)."""
+    if kind == "clipped":
+        return clipped_policy_loss(logp, old_logp, token_adv, mask, eps_low, eps_high)
+    if kind == "pg":
+        return pg_policy_loss(logp, old_logp, token_adv, mask)
+    if kind == "cispo":
+        return cispo_policy_loss(logp, old_logp, token_adv, mask, eps_high)
+    raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {kind!r}")
 
 
 def mean_entropy(logp_all: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,12 @@ all tokens), ``maxes`` to a value reduced by maximum. One name per quantity, one
   above the TIS cap, from the raw ratios (the monitoring callback adds the rest of the distribution);
 - ``offpolicy/``: ``masked`` (share of action tokens with weight 0), ``seq_over_cap`` and
   ``seq_outside_band`` (share of episodes whose sequence-level ratio is above the cap / outside the MIS band);
+- ``offpolicy/dropped_tokens/<reason>``, ``offpolicy/dropped_seqs/<reason>``: shares of action tokens, and of
+  episodes whole, that each rule of the correction dropped (a mask's name, ``veto``, a correction's own zeros);
 - ``staleness/token_mean``, ``staleness/token_max``: trainer version minus each action token's version;
+  ``staleness/multi_version_episodes`` and ``_tokens``: shares of episodes (and of action tokens in them) whose
+  tokens come from more than one weight version, with ``mismatch/multi_version_abs_mean`` / ``_kl_k3`` and
+  ``mismatch/single_version_abs_mean`` / ``_kl_k3`` the mismatch of those episodes' tokens and of the others';
 - ``time/``: sample, old_logp, update, shift (the step KL), sync (seconds); ``env/``: worker failures (injected,
   and with environment workers ``env/timeouts`` and ``env/errors``: tools past the timeout, tools that raised).
 """
@@ -23,7 +28,7 @@ import torch
 
 from lrl.batch import Batch
 from lrl.sections import WeightingOptions
-from lrl.stats import batch_stats, sequence_corrected_share
+from lrl.stats import batch_stats, dropped_shares, sequence_corrected_share, version_split
 
 UPDATE_KEYS = ("loss", "clip_frac", "approx_kl")  # logged as 0 for a skipped step (nothing moved)
 
@@ -43,9 +48,11 @@ def step_metrics(
     times: dict[str, float],
     shift: dict[str, float] | None = None,
     control: dict[str, float] | None = None,
+    dropped: dict[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     """One step's metrics as (value, weight) means and maxima; `updates` is None for a skipped step, `shift` the
-    policy's movement over the whole step (lrl.stats.policy_shift) when it was measured."""
+    policy's movement over the whole step (lrl.stats.policy_shift) when it was measured, `dropped` the action
+    tokens each rule of the correction dropped (lrl.weights.Correction)."""
     mask = batch["action_mask"]
     on = mask.bool()
     valid = 1.0 - batch["env_failure"]  # [B]
@@ -69,6 +76,7 @@ def step_metrics(
         "offpolicy/seq_over_cap": (seq["seq_over_cap"], n_seq),
         "offpolicy/seq_outside_band": (seq["seq_outside_band"], n_seq),
         "staleness/token_mean": (lag.mean().item() if len(lag) else 0.0, n_tokens),
+        **version_split(old_logp, batch["sample_logp"], batch["version"], mask),
         "time/sample": (float(batch["sample_time"]), 1.0),
         **{f"time/{k}": (v, 1.0) for k, v in times.items()},
     }
@@ -78,6 +86,9 @@ def step_metrics(
         )
     else:  # a skipped batch: the objective is exactly 0 and nothing moved
         means.update({f"train/{k}": (0.0, 1.0) for k in UPDATE_KEYS})
+    for reason, (tokens, episodes) in dropped_shares(dropped or {}, mask).items():
+        means[f"offpolicy/dropped_tokens/{reason}"] = (tokens, n_tokens)
+        means[f"offpolicy/dropped_seqs/{reason}"] = (episodes, n_seq)
     means.update(_env_failure_metrics(batch, valid))
     maxes = {"staleness/token_max": float(lag.max().item()) if len(lag) else 0.0}
     means.update({k: (float(v), 1.0) for k, v in (control or {}).items()})

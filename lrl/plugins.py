@@ -25,6 +25,7 @@ BUILTINS = (
     "lrl.pipeline.backends",
     "lrl.pipeline.policies",
     "lrl.weights",
+    "lrl.masks",
     "lrl.samplers",
 )
 

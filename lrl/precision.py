@@ -1,9 +1,11 @@
-"""The arithmetic of the trainer and of the samplers that share its weights: fp32, or bf16 autocast.
+"""The arithmetic of the trainer and of the samplers that share its weights: fp32, or bf16 or fp16 autocast.
 
 ``precision: auto`` takes bf16 for a real model (more than :data:`LARGE_MODEL` parameters) where the processor
 computes bf16 natively (AMX or AVX512-BF16 on a CPU; a GPU that supports bf16), and fp32 otherwise: the
 built-in policies of a hundred thousand weights gain nothing from it and keep their exact numbers. bf16 here
-is autocast: matrix products in bf16, weights, gradients and the optimizer in fp32.
+is autocast: matrix products in bf16, weights, gradients and the optimizer in fp32. ``precision: fp16`` is the same
+autocast in float16 (10 mantissa bits where bf16 has 7, and a range that ends at 65504): only where it is asked for,
+and only where the device's autocast computes float16 (:func:`fp16_problem` tries it once).
 
 The same size rule picks the decode path of the samplers that use the trainer's weights (``decode: auto``):
 a full forward per generated token is exact but costs the whole sequence every token, which for a real model
@@ -38,6 +40,20 @@ def cpu_bf16_features() -> tuple[str, ...]:
     return ()
 
 
+@lru_cache(maxsize=1)
+def cpu_fp16_features() -> tuple[str, ...]:
+    """The CPU's native fp16 arithmetic instruction sets found in /proc/cpuinfo (amx_fp16, avx512_fp16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return tuple(name for name in ("amx_fp16", "avx512_fp16") if name in flags)
+    except OSError:
+        pass
+    return ()
+
+
 def accelerator_device(accelerator: str) -> str:
     """The torch device type a run's trainer computes on, for its --accelerator."""
     return "cuda" if accelerator == "gpu" else "cpu"
@@ -51,7 +67,8 @@ def native_bf16(device: torch.device | str = "cpu") -> bool:
 
 
 def resolve_precision(setting: str, model, device: torch.device | str = "cpu") -> str:
-    """'fp32' or 'bf16' for a precision setting ('auto', 'fp32', 'bf16') and a model (or its parameter count)."""
+    """'fp32', 'bf16' or 'fp16' for a precision setting ('auto', 'fp32', 'bf16', 'fp16') and a model (or its
+    parameter count); auto never picks fp16."""
     if setting != "auto":
         return setting
     count = model if isinstance(model, int) else parameters(model)
@@ -65,17 +82,52 @@ def resolve_decode(setting: str, model: torch.nn.Module) -> str:
     return "kvcache" if parameters(model) > LARGE_MODEL else "trainer"
 
 
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def autocast(precision: str, device: torch.device | str = "cpu"):
-    """The context a forward runs in: bf16 autocast, or nothing for fp32."""
-    if precision != "bf16":
+    """The context a forward runs in: bf16 or fp16 autocast, or nothing for fp32."""
+    if precision not in AUTOCAST_DTYPES:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=torch.device(device).type, dtype=AUTOCAST_DTYPES[precision])
+
+
+@lru_cache(maxsize=4)
+def fp16_problem(device_type: str = "cpu") -> str | None:
+    """Why this device's autocast cannot run a run in fp16 (None: it can), found by trying it: a linear layer under
+    float16 autocast must give float16 outputs that match the float16-rounded product, forward and backward."""
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return "precision: fp16 needs a GPU here, and torch sees none"
+    try:
+        gen = torch.Generator().manual_seed(0)  # its own stream: trying it draws nothing from the run's
+        layer = torch.nn.Linear(64, 64, device="meta").to_empty(device=device_type)
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(64, 64, generator=gen) / 8)
+            layer.bias.copy_(torch.randn(64, generator=gen))
+        x = torch.randn(8, 64, generator=gen).to(device_type)
+        with torch.autocast(device_type=device_type, dtype=torch.float16):
+            y = layer(x)
+        y.float().sum().backward()
+    except (RuntimeError, TypeError) as err:
+        return f"precision: fp16 autocast does not run on this {device_type} with torch {torch.__version__} ({err})"
+    rounded = x.half().float() @ layer.weight.half().float().T + layer.bias.half().float()
+    if y.dtype != torch.float16:
+        return f"precision: fp16 autocast on this {device_type} computes in {y.dtype}, not float16 (torch {torch.__version__})"
+    if not torch.allclose(y.float(), rounded, atol=1e-2) or not torch.isfinite(layer.weight.grad).all():
+        return (
+            f"precision: fp16 autocast on this {device_type} gives wrong products (torch {torch.__version__})"
+        )
+    return None
 
 
 def describe(precision: str, device: torch.device | str = "cpu") -> str:
     """One line for the run's first lines: what the trainer computes in, and why."""
+    device = torch.device(device)
+    if precision == "fp16":
+        native = device.type == "cuda" or "avx512_fp16" in cpu_fp16_features()
+        speed = "" if native else "; no native fp16 arithmetic on this CPU: slower than bf16 and fp32"
+        return f"precision: fp16 autocast (fp32 weights and optimizer{speed})"
     if precision != "bf16":
         return "precision: fp32"
-    device = torch.device(device)
     where = ", ".join(cpu_bf16_features()) if device.type == "cpu" else torch.cuda.get_device_name(device)
     return f"precision: bf16 autocast (fp32 weights and optimizer; native bf16 here: {where or 'none found'})"

@@ -49,15 +49,18 @@ def check_environment(cfg: Config, spec):
 def check_model(cfg: Config, spec, model) -> None:
     """model: a context (max_position_embeddings, n_positions) as long as the environment's longest episode, what
     every chosen entry asks of a model (its registry entry's check_model: a vLLM engine's head sizes and cache, say),
-    and a vocabulary that covers the tokenizer."""
+    a vocabulary that covers the tokenizer; precision: fp16 only where the device's autocast computes it."""
     from lrl.policy import check_vocabulary
+    from lrl.precision import accelerator_device, fp16_problem
 
     check_context(cfg, spec, model)
     problems = []
+    if cfg.precision == "fp16":
+        problems += [p for p in [fp16_problem(accelerator_device(cfg.accelerator))] if p]
     for scope, registry in REGISTRIES.items():
-        entry = registry.get(getattr(cfg, scope))
-        if entry.check_model is not None:
-            problems += list(entry.check_model(cfg, spec, model))
+        for entry in registry.chosen(getattr(cfg, scope)):
+            if entry.check_model is not None:
+                problems += list(entry.check_model(cfg, spec, model))
     if problems:
         raise ConfigError("; ".join(problems))
     try:

@@ -1,5 +1,5 @@
 """Registries: the single source of the choices a run accepts (samplers, corrections, environments, rollout
-backends, staleness policies, extra callbacks).
+backends, staleness policies, extra callbacks, rejection masks).
 
 An entry is registered next to its own code with the config keys it reads (``uses``) and, optionally, a
 ``check(cfg) -> list[str]`` of problems specific to it and a ``check_model(cfg, spec, model) -> list[str]`` of
@@ -35,6 +35,9 @@ class Entry:
     defaults: tuple[tuple[str, object], ...] = ()  # config values this entry sets where the user set none
     check_model: Callable | None = None  # (cfg, spec, model) -> problems: a model the entry cannot run
     instructions: str = ""  # environments: a chat model's system message, unless --system-prompt replaces it
+    batch: bool = (
+        False  # corrections and masks: reads statistics of the whole batch (every row's pi_old first)
+    )
 
 
 class Registry(Mapping):
@@ -62,13 +65,16 @@ class Registry(Mapping):
         defaults=None,
         check_model: Callable | None = None,
         instructions: str = "",
+        batch: bool = False,
     ):
         """Decorator: make `fn` available under `name`; a name registered twice is an error.
 
         ``uses``: the config keys the entry reads; ``check(cfg) -> list[str]``: its own rules, as problems;
         ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit);
         ``check_model(cfg, spec, model) -> list[str]``: models it cannot run (checked before the run starts);
-        ``instructions``: an environment's instructions to a chat model, its system message.
+        ``instructions``: an environment's instructions to a chat model, its system message;
+        ``batch``: a correction or mask that reads statistics of the whole batch (a batch mean, a batch's second
+        moment), so every row's pi_old must be known before the first minibatch's loss.
         """
         if not isinstance(name, str) or not _is_name(name):
             raise RegistryError(
@@ -82,13 +88,19 @@ class Registry(Mapping):
                 raise RegistryError(f"{self.kind} {name!r} is registered twice (first by {where})")
             doc = help or (fn.__doc__ or "").strip().split("\n")[0]
             defaults_ = tuple((defaults or {}).items())
-            self.entries[name] = Entry(name, fn, tuple(uses), check, doc, defaults_, check_model, instructions)
+            self.entries[name] = Entry(
+                name, fn, tuple(uses), check, doc, defaults_, check_model, instructions, batch
+            )
             return fn
 
         return add
 
     def names(self) -> list[str]:
         return list(self.entries)
+
+    def chosen(self, value) -> list[Entry]:
+        """The entries a config value names: one name (``correction: tis``) or a list (``masks: [kl, opsm]``)."""
+        return [self.get(name) for name in (value if isinstance(value, list) else [value])]
 
     def get(self, name: str, default=_NO_DEFAULT) -> Entry:
         """The entry of `name`; an unknown name is a RegistryError listing the registered ones, unless a
@@ -120,6 +132,9 @@ class Registry(Mapping):
 
 SAMPLERS = Registry("sampler")
 CORRECTIONS = Registry("correction")
+MASKS = Registry(
+    "mask"
+)  # rejection masks: tokens or episodes left out of the loss, by a rule on pi_old and mu
 ENVS = Registry("env")
 CALLBACKS = Registry("callback")  # extra monitoring callbacks, chosen by name in the config's `callbacks`
 BACKENDS = Registry("rollout_backend")  # where the asynchronous pipeline's rollout workers run
@@ -128,6 +143,7 @@ STALENESS = Registry("stale_policy")  # what the asynchronous pipeline does with
 REGISTRIES: dict[str, Registry] = {
     "sampler": SAMPLERS,
     "correction": CORRECTIONS,
+    "masks": MASKS,
     "env": ENVS,
     "rollout_backend": BACKENDS,
     "stale_policy": STALENESS,

@@ -248,3 +248,47 @@ def policy_shift(old_logp, new_logp, mask) -> dict[str, float]:
     if not log_ratio.numel():
         return {"step_kl": 0.0, "step_max_log_ratio": 0.0}
     return {"step_kl": kl_k3(log_ratio).item(), "step_max_log_ratio": log_ratio.abs().max().item()}
+
+
+def dropped_shares(dropped: dict[str, torch.Tensor], mask) -> dict[str, tuple[float, float]]:
+    """Per reason, the share of action tokens it dropped and the share of episodes (with an action token) it dropped
+    whole (every action token): {reason: bool [B, T]}, [B, T] -> {reason: (token share, episode share)}."""
+    on = mask.bool()
+    rows = on.any(-1)  # [B]
+    n_tokens, n_rows = max(int(on.sum()), 1), max(int(rows.sum()), 1)
+    out = {}
+    for reason, gone in dropped.items():
+        gone = gone.bool() & on
+        whole = rows & ((gone | ~on).all(-1))  # [B] episodes all of whose action tokens it dropped
+        out[reason] = (float(gone.sum()) / n_tokens, float(whole.sum()) / n_rows)
+    return out
+
+
+def multi_version_episodes(version: torch.Tensor, mask) -> torch.Tensor:
+    """Episodes whose action tokens come from more than one weight version (a partial rollout that spans a
+    weight update): [B, T] -> bool [B] (False for an episode without action tokens)."""
+    on = mask.bool()
+    big = torch.iinfo(version.dtype).max
+    newest = torch.where(on, version, -big).max(-1).values  # [B]
+    oldest = torch.where(on, version, big).min(-1).values
+    return on.any(-1) & (newest != oldest)
+
+
+def version_split(logp_trainer, logp_sampler, version, mask) -> dict[str, tuple[float, float]]:
+    """The mismatch of episodes that span weight versions apart from the others': shares of episodes and action
+    tokens in them, and mean |d| and k3 of each group -> {name: (value, weight)}; a group without tokens has weight 0."""
+    on = mask.bool()
+    multi = multi_version_episodes(version, mask)  # [B]
+    rows = on.any(-1)
+    d = (logp_trainer - logp_sampler).detach().float()
+    spans = on & multi[:, None]  # [B, T] action tokens of the spanning episodes
+    out = {
+        "staleness/multi_version_episodes": (float(multi.sum()) / max(int(rows.sum()), 1), float(rows.sum())),
+        "staleness/multi_version_tokens": (float(spans.sum()) / max(int(on.sum()), 1), float(on.sum())),
+    }
+    for name, tokens in (("multi_version", spans), ("single_version", on & ~multi[:, None])):
+        picked = d[tokens]  # [N]
+        n = float(picked.numel())
+        out[f"mismatch/{name}_abs_mean"] = (picked.abs().mean().item() if n else 0.0, n)
+        out[f"mismatch/{name}_kl_k3"] = (kl_k3(picked).item() if n else 0.0, n)
+    return out

@@ -5,7 +5,8 @@ Corrections are registry entries (``register_correction(name)``, decorating
 the run's :class:`~lrl.sections.WeightingOptions`: ``correction``, ``level``, ``cap``, ``low``, ``high``, ``veto``); ``none``,
 ``tis`` and ``mis`` are registered the same way as a user's own. Every function takes the trainer's log-probs ``logp_trainer`` (pi_old), the sampler's log-probs
 ``logp_sampler`` (mu) and the action ``mask``, all ``[B, T]``, and returns detached weights ``[B, T]``
-that are 0 off the mask. All arithmetic is in log space, so a product over a 1,000-token episode neither
+that are 0 off the mask. Rejection masks (:mod:`lrl.masks`) and the veto then zero what they reject, and
+:func:`correct` records, by reason, what each dropped. All arithmetic is in log space, so a product over a 1,000-token episode neither
 overflows nor underflows.
 
 ``level`` picks which ratio the rule is applied to:
@@ -17,10 +18,11 @@ overflows nor underflows.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
-from lrl.registry import CORRECTIONS
+from lrl.registry import CORRECTIONS, MASKS
 from lrl.sections import WeightingOptions
 
 LEVELS = ("token", "sequence", "geometric")
@@ -74,17 +76,81 @@ def veto_mask(logp_trainer, logp_sampler, mask, threshold: float) -> torch.Tenso
     return (~bad.any(-1, keepdim=True)).to(logp_trainer.dtype)
 
 
-def behavior_weights(logp_trainer, logp_sampler, mask, options: WeightingOptions) -> torch.Tensor:
+def normalize_weights(weights, mask, level: str = "token") -> torch.Tensor:
+    """Weights divided by their batch mean, so that they average 1: over the action tokens at the token level, over
+    the episodes (one weight each) at the sequence and geometric levels: [B, T] -> [B, T]. A batch whose weights are
+    all 0 is returned as it is."""
+    _check_level(level)
+    m = mask.to(weights.dtype)
+    if level == "token":
+        mean = (weights * m).sum() / m.sum().clamp(min=1.0)
+    else:
+        rows = m.sum(-1) > 0  # [B] episodes with an action token
+        per_episode = (weights * m).sum(-1)[rows] / m.sum(-1)[rows]  # [B'] each episode's one weight
+        mean = per_episode.mean() if len(per_episode) else weights.new_zeros(())
+    return weights / mean if mean > 0 else weights
+
+
+@dataclass
+class Correction:
+    """What the correction of one batch decided: the weights, and which action tokens each rule dropped."""
+
+    weights: torch.Tensor  # [B, T] detached, 0 off the mask and on every dropped token
+    dropped: dict[str, torch.Tensor] = field(
+        default_factory=dict
+    )  # reason -> bool [B, T], action tokens it dropped
+
+
+def needs_batch(options: WeightingOptions) -> bool:
+    """True when the correction reads statistics of the whole batch (a batch mean, a batch's second moment), so
+    every row's pi_old must be scored before the first minibatch's loss."""
+    entries = [CORRECTIONS.get(options.correction), *MASKS.chosen(options.masks)]
+    return options.normalize or any(e.batch for e in entries)
+
+
+def correct(
+    logp_trainer, logp_sampler, mask, advantage, options: WeightingOptions, reweight: bool = True
+) -> Correction:  # advantage: [B], or None where no chosen mask reads it
+    """The weight of every action token, and why tokens were dropped: [B, T] (advantage [B]) -> :class:`Correction`.
+
+    The correction named by ``options.correction`` gives the weights (``reweight=False``: the action mask, where
+    the loss's own ratio already carries pi/mu), ``normalize`` divides them by their batch mean, then every mask
+    of ``options.masks`` and the ``veto`` zero what they reject. ``dropped`` holds, by reason, the action tokens a
+    rule zeroed: the correction's name where its weight is 0 (MIS outside its band), each mask's name, ``veto``.
+    """
+    on = mask.bool()
+    dropped: dict[str, torch.Tensor] = {}
+    if reweight:
+        weights = CORRECTIONS.get(options.correction).factory(logp_trainer, logp_sampler, mask, options)
+        zero = on & (weights == 0)
+        if zero.any():
+            dropped[options.correction] = zero
+    else:
+        weights = mask.to(logp_trainer.dtype)
+    if options.normalize:
+        weights = normalize_weights(weights, mask, options.level)
+    keep = on
+    for entry in MASKS.chosen(options.masks):
+        kept = entry.factory(logp_trainer, logp_sampler, mask, advantage, options).bool() & on
+        dropped[entry.name] = on & ~kept
+        keep = keep & kept
+    if options.veto > 0:
+        vetoed = on & (veto_mask(logp_trainer, logp_sampler, mask, options.veto) == 0)
+        dropped["veto"] = vetoed
+        keep = keep & ~vetoed
+    return Correction((weights * keep).detach(), dropped)
+
+
+def behavior_weights(
+    logp_trainer, logp_sampler, mask, options: WeightingOptions, advantage=None
+) -> torch.Tensor:
     """The weight each action token's advantage is multiplied by: [B, T] -> [B, T], 0 off the mask.
 
     The correction named by ``options.correction`` (a registry entry: ``none`` returns the action mask itself,
-    the on-policy update); a ``options.veto`` threshold additionally zeroes every episode holding a token with
-    ratio below it.
+    the on-policy update), normalised when ``options.normalize`` says so; the masks of ``options.masks`` and a
+    ``options.veto`` threshold additionally zero what they reject (:func:`correct`).
     """
-    weights = CORRECTIONS.get(options.correction).factory(logp_trainer, logp_sampler, mask, options)
-    if options.veto > 0:
-        weights = weights * veto_mask(logp_trainer, logp_sampler, mask, options.veto)
-    return weights
+    return correct(logp_trainer, logp_sampler, mask, advantage, options).weights
 
 
 @register_correction("none")

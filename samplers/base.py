@@ -51,7 +51,7 @@ class BehaviorSampler:
         self.transform = transform
         self.sampling = sampling or Sampling()
         self.decode = decode  # 'trainer', 'kvcache' or 'auto' (resolved for the model at setup)
-        self.precision = precision  # the trainer's: 'fp32', 'bf16' or 'auto' (resolved at setup)
+        self.precision = precision  # the trainer's: 'fp32', 'bf16', 'fp16' or 'auto' (resolved at setup)
         self.versions: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
         self.behavior: torch.nn.Module | None = None
         self.policy: torch.nn.Module | None = None
@@ -96,7 +96,7 @@ class BehaviorSampler:
     def sample(self, tasks: Sequence, generator: torch.Generator, spec, **engine) -> list[Episode]:
         """One episode per task in the environment `spec`, tagged with the behavior version and log-probs;
         ``engine`` holds the episode loop's options (``slots``, ``tools``: see ``lrl.rollout.run_episodes``)."""
-        with autocast(self.precision if self.precision in ("fp32", "bf16") else "fp32"):
+        with autocast(self.precision if self.precision in ("fp32", "bf16", "fp16") else "fp32"):
             return run_episodes(
                 self.decoder(), spec, tasks, generator, self.sampling, self.behavior_version, **engine
             )

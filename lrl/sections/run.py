@@ -103,10 +103,11 @@ class PolicyOptions:
     )
     precision: str = option(
         "auto",
-        "the trainer's arithmetic: fp32, or bf16 (autocast: bf16 matrix products, fp32 weights, gradients and "
-        "optimizer); auto: bf16 for models of more than 10M parameters where the processor computes bf16 "
-        "natively (AMX or AVX512-BF16 on a CPU, a bf16 GPU), else fp32",
-        choices=("auto", "fp32", "bf16"),
+        "the trainer's and its samplers' arithmetic: fp32, or bf16 (autocast: bf16 matrix products, fp32 weights, "
+        "gradients and optimizer), or fp16 (the same autocast in float16, where the device's autocast runs it); "
+        "auto: bf16 for models of more than 10M parameters where the processor computes bf16 natively (AMX or "
+        "AVX512-BF16 on a CPU, a bf16 GPU), else fp32",
+        choices=("auto", "fp32", "bf16", "fp16"),
     )
     memory_budget: float | None = option(
         None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lrl.options import MAX_INT, option
-from lrl.registry import CORRECTIONS, SAMPLERS
+from lrl.registry import CORRECTIONS, MASKS, SAMPLERS
 
 
 @dataclass
@@ -80,6 +80,22 @@ class UpdateOptions:
         True,
         "measure KL(pi_old || pi_new) on each step's batch after its updates (one forward)",
         resumable=True,
+    )
+    loss: str = option(
+        "clipped",
+        "the policy loss: clipped (the decoupled clipped loss w * min(rho A, clip(rho) A)), pg (the plain policy "
+        "gradient: every token's w * A * grad log pi, w detached, no clip), cispo (w * min(rho, 1 + eps_high) * A * "
+        "grad log pi, the truncated ratio detached, so every token keeps its gradient); rho = pi / pi_prox "
+        "(docs/offpolicy.md)",
+        choices=("clipped", "pg", "cispo"),
+    )
+    proximal: str = option(
+        "recompute",
+        "pi_prox, the policy the loss's ratio rho = pi / pi_prox is taken against: recompute (the trainer's pi_old, "
+        "scored before the update), rollout (the sampler's own log-probs mu: no pi_old forward; corrections and "
+        "masks then act on the update forward's own log-probs), interpolate (between mu and the update forward's "
+        "log-probs, log-linear in the token's version distance: no pi_old forward)",
+        choices=("recompute", "rollout", "interpolate"),
     )
     freeze_policy: bool = option(
         False,
@@ -162,3 +178,46 @@ class WeightingOptions:
     low: float = option(0.5, "MIS band lower edge", gt=0)
     high: float = option(5.0, "MIS band upper edge", gt=0)
     veto: float = option(0.0, "zero the episode if any token has pi_old/mu below this (0: off)", ge=0, lt=1)
+    normalize: bool = option(
+        False,
+        "divide the correction's weights by their batch mean (over action tokens; over episodes at the sequence "
+        "and geometric levels), so they average 1",
+    )
+    masks: list[str] = option(
+        [],
+        "rejection masks (registered names, all applied): tokens or episodes left out of the loss by a rule on "
+        "pi_old and mu (kl: a divergence estimate past kl_threshold; opsm: negative-advantage episodes past "
+        "opsm_threshold; m2po: the tokens that push the batch's second moment past m2_threshold)",
+        choices=MASKS,
+    )
+    kl_estimator: str = option(
+        "k3",
+        "kl mask: the per-token estimate of KL(mu || pi_old) from log r = log pi_old - log mu: k1 = -log r, k2 = "
+        "(log r)^2 / 2, k3 = r - 1 - log r",
+        choices=("k1", "k2", "k3"),
+        scope="masks",
+    )
+    kl_level: str = option(
+        "seq_mean",
+        "kl mask: token (each token's estimate), or per episode its seq_sum, seq_mean or seq_max",
+        choices=("token", "seq_sum", "seq_mean", "seq_max"),
+        scope="masks",
+    )
+    kl_threshold: float = option(
+        0.05,
+        "kl mask: drop where the estimate is above this (k1, which is signed: where its magnitude is)",
+        gt=0,
+        scope="masks",
+    )
+    opsm_threshold: float = option(
+        0.5,
+        "opsm mask: drop an episode whose advantage is negative and whose mean log(mu / pi_old) is above this",
+        gt=0,
+        scope="masks",
+    )
+    m2_threshold: float = option(
+        0.04,
+        "m2po mask: drop the tokens of largest (log pi_old - log mu)^2 until the rest's mean is at most this",
+        gt=0,
+        scope="masks",
+    )
