@@ -58,9 +58,15 @@ class HealthCheck(L.Callback):
             return
         batch = record.batch
         old_logp = record.old_logp
-        mask = batch["action_mask"].bool()
+        mask = record.monitored_mask().bool()  # the rows whose old_logp is the trainer's own
         now = record.version
         versions = batch["version"][mask]
+        if versions.numel() == 0 and record.batch["action_mask"].bool().any():
+            rank_zero_warn(
+                "HealthCheck skipped: no update forward scored the first batch (with proximal rollout or "
+                "interpolate the trainer's log-probs come from the update, and this step had no advantage signal)"
+            )
+            return
         if versions.numel() == 0:
             rank_zero_warn(
                 "HealthCheck skipped: the first batch has no action token to compare (every episode of it "

@@ -59,7 +59,7 @@ class MismatchMonitor(L.Callback):
             return
         ranks = Ranks.of(pl_module)
         b = record.batch
-        on = b["action_mask"].bool()
+        on = record.monitored_mask().bool()  # the rows whose old_logp is the trainer's own
         d = (record.old_logp.detach().float() - b["sample_logp"].float()) * on  # [B, T-1], 0 off the actions
         log_ratio = ranks.gather(d[on])  # [N] over every rank
         seq = ranks.gather(d.sum(-1)[on.any(-1)])  # [B'] log of each episode's sequence ratio

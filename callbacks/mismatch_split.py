@@ -122,7 +122,7 @@ class MismatchSplit(L.Callback):
         from lrl.precision import autocast
 
         batch = record.batch
-        mask = batch["action_mask"].bool()
+        mask = record.monitored_mask().bool()  # the rows whose old_logp is the trainer's own
         rows = [i for i in range(len(mask)) if mask[i].any()][: self.rows]
         if not rows:
             return {}

@@ -1,4 +1,4 @@
-"""A user's own samplers, correction, environment, metric and staleness policy, outside lrl:
+"""A user's own samplers, correction, rejection mask, environment, metric and staleness policy, outside lrl:
 ``--plugins my_plugin``.
 
 Each registers itself with lrl when this module is imported; docs/extending.md explains them one by one.
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import lightning as L
 
 import lrl.envs
+import lrl.masks
 import lrl.weights
 from lrl import callbacks, samplers
 from lrl.decoding import Sampling
@@ -53,6 +54,14 @@ def tis_both(logp_trainer, logp_sampler, mask, options):
     """importance weights pi_old/mu clamped into [1/cap, cap]: [B, T] -> [B, T], 0 off the mask"""
     gap = logp_trainer.detach() - logp_sampler  # log of the importance ratio, no gradient
     return gap.clamp(-math.log(options.cap), math.log(options.cap)).exp() * mask
+
+
+# -- a rejection mask: leave out every episode that holds one token far above mu ----------------------------
+@lrl.masks.register_mask("spike", uses=("high",))
+def spike(logp_trainer, logp_sampler, mask, advantage, options):
+    """drop an episode holding a token whose ratio pi_old/mu is above `high`: [B, T] -> keep [B, T] (bool)"""
+    over = (logp_trainer - logp_sampler > math.log(options.high)) & mask.bool()  # [B, T]
+    return mask.bool() & ~over.any(-1, keepdim=True)
 
 
 # -- an environment: repeat the word you are shown --------------------------------------------------------

@@ -49,34 +49,39 @@ def step_metrics(
     shift: dict[str, float] | None = None,
     control: dict[str, float] | None = None,
     dropped: dict[str, torch.Tensor] | None = None,
+    seen: torch.Tensor | None = None,
 ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     """One step's metrics as (value, weight) means and maxima; `updates` is None for a skipped step, `shift` the
     policy's movement over the whole step (lrl.stats.policy_shift) when it was measured, `dropped` the action
-    tokens each rule of the correction dropped (lrl.weights.Correction)."""
+    tokens each rule of the correction dropped (lrl.weights.Correction), `seen` the rows whose `old_logp` is the
+    trainer's (None: all): the mismatch and off-policy numbers cover those rows only."""
     mask = batch["action_mask"]
     on = mask.bool()
+    mon = (
+        mask if seen is None else mask * seen[:, None].to(mask.dtype)
+    )  # rows whose old_logp is the trainer's
     valid = 1.0 - batch["env_failure"]  # [B]
     n_valid = valid.sum().item()
     n_tokens = float(on.sum())
     lag = (version - batch["version"][on]).float()  # [N]
-    raw = batch_stats(old_logp, batch["sample_logp"], mask, weights, weighting.cap)
+    raw = batch_stats(old_logp, batch["sample_logp"], mon, weights, weighting.cap)
     seq = sequence_corrected_share(
-        old_logp, batch["sample_logp"], mask, weighting.cap, weighting.low, weighting.high
+        old_logp, batch["sample_logp"], mon, weighting.cap, weighting.low, weighting.high
     )
-    n_seq = float(on.any(-1).sum())
+    n_mon, n_mon_seq = float(mon.sum()), float(mon.bool().any(-1).sum())
     means: dict[str, tuple[float, float]] = {
         "train/reward": (masked_mean(batch["reward"], valid).item(), n_valid),
         **{f"train/{k}": (masked_mean(v, valid).item(), n_valid) for k, v in batch["env_metrics"].items()},
         "train/invalid": (masked_mean(batch["invalid"], valid).item(), n_valid),
         "train/action_tokens": (masked_mean(mask.sum(-1), valid).item(), n_valid),
         "train/skipped": (float(updates is None), 1.0),
-        "mismatch/abs_mean": (raw["abs_mean"], n_tokens),
-        "mismatch/over_cap": (raw["over_cap"], n_tokens),
-        "offpolicy/masked": (raw["masked"], n_tokens),
-        "offpolicy/seq_over_cap": (seq["seq_over_cap"], n_seq),
-        "offpolicy/seq_outside_band": (seq["seq_outside_band"], n_seq),
+        "mismatch/abs_mean": (raw["abs_mean"], n_mon),
+        "mismatch/over_cap": (raw["over_cap"], n_mon),
+        "offpolicy/masked": (raw["masked"], n_mon),
+        "offpolicy/seq_over_cap": (seq["seq_over_cap"], n_mon_seq),
+        "offpolicy/seq_outside_band": (seq["seq_outside_band"], n_mon_seq),
         "staleness/token_mean": (lag.mean().item() if len(lag) else 0.0, n_tokens),
-        **version_split(old_logp, batch["sample_logp"], batch["version"], mask),
+        **version_split(old_logp, batch["sample_logp"], batch["version"], mon),
         "time/sample": (float(batch["sample_time"]), 1.0),
         **{f"time/{k}": (v, 1.0) for k, v in times.items()},
     }
@@ -86,15 +91,15 @@ def step_metrics(
         )
     else:  # a skipped batch: the objective is exactly 0 and nothing moved
         means.update({f"train/{k}": (0.0, 1.0) for k in UPDATE_KEYS})
-    for reason, (tokens, episodes) in dropped_shares(dropped or {}, mask).items():
-        means[f"offpolicy/dropped_tokens/{reason}"] = (tokens, n_tokens)
-        means[f"offpolicy/dropped_seqs/{reason}"] = (episodes, n_seq)
+    for reason, (tokens, episodes) in dropped_shares(dropped or {}, mon).items():
+        means[f"offpolicy/dropped_tokens/{reason}"] = (tokens, n_mon)
+        means[f"offpolicy/dropped_seqs/{reason}"] = (episodes, n_mon_seq)
     means.update(_env_failure_metrics(batch, valid))
     maxes = {"staleness/token_max": float(lag.max().item()) if len(lag) else 0.0}
     means.update({k: (float(v), 1.0) for k, v in (control or {}).items()})
     means.update({k: (float(v), 1.0) for k, v in batch.get("pipeline", {}).items()})
     if shift is not None:
-        means["train/step_kl"] = (shift["step_kl"], n_tokens)
+        means["train/step_kl"] = (shift["step_kl"], n_mon)
         maxes["train/step_max_log_ratio"] = shift["step_max_log_ratio"]
     return means, maxes
 

@@ -21,12 +21,14 @@ from lrl.batch import Batch, to_device
 from lrl.distributed import Ranks
 from lrl.evaluation import heldout
 from lrl.logprobs import scored_in_rows, token_log_probs
-from lrl.losses import clipped_policy_loss
+from lrl.losses import policy_loss
 from lrl.metrics import step_metrics
 from lrl.precision import accelerator_device, autocast, resolve_precision
+from lrl.proximal import correction_side, proximal_logp
 from lrl.stats import policy_shift
 from lrl.streams import EVALUATION, SHUFFLE, stream_seed
 from lrl.update import (
+    ForwardLog,
     Minibatch,
     NumericalError,
     UpdateGuard,
@@ -37,7 +39,7 @@ from lrl.update import (
     plan_update,
     raise_if_nonfinite,
 )
-from lrl.weights import behavior_weights
+from lrl.weights import correct
 
 __all__ = ["OffPolicyModule", "StepRecord", "NumericalError"]
 
@@ -51,6 +53,12 @@ class StepRecord:
     old_logp: torch.Tensor  # [B, T-1] log pi_old, computed before the update
     weights: torch.Tensor  # [B, T-1] the correction weights that multiplied the advantages
     metrics: dict[str, float]  # the step's logged metrics, reduced over ranks
+    seen: torch.Tensor | None = None  # [B] rows whose old_logp is the trainer's (None: all; see ForwardLog)
+
+    def monitored_mask(self) -> torch.Tensor:
+        """The action tokens whose old_logp is the trainer's own: [B, T-1] (rows no forward saw left out)."""
+        mask = self.batch["action_mask"]
+        return mask if self.seen is None else mask * self.seen[:, None].to(mask.dtype)
 
 
 class OffPolicyModule(L.LightningModule):
@@ -77,6 +85,9 @@ class OffPolicyModule(L.LightningModule):
         self.last_eval: dict | None = None
         self.evals: list[dict] = []  # every held-out evaluation of this process, with its policy version
         self.run_dir: str | None = None  # the run folder (lrl.runs), recorded in checkpoints
+        self.forward_log: ForwardLog | None = (
+            None  # the step's per-forward corrections (proximal not recompute)
+        )
 
     # -- Lightning hooks and workarounds, each with its reason ----------------------------------------
     def on_fit_start(self) -> None:
@@ -88,7 +99,9 @@ class OffPolicyModule(L.LightningModule):
         """The RL step runs without dropout: ``old_logp``, the sampler's log-probs and the loss must be one
         function of the weights. Lightning's evaluation loop restores each module's mode, so eval mode stays."""
         self.policy.eval()
-        if self.cfg.evaluation.eval_at_start and self.version == 0:  # the starting policy's held-out score, at step 0
+        if (
+            self.cfg.evaluation.eval_at_start and self.version == 0
+        ):  # the starting policy's held-out score, at step 0
             self.heldout_evaluation()
 
     def configure_optimizers(self):
@@ -106,17 +119,27 @@ class OffPolicyModule(L.LightningModule):
         )  # sampled here, after the previous weight sync
         where = f"step {version} (batch {int(batch['index'])})"
         clock = Stopwatch()
-        old_logp = self.score(batch)
+        weighting, mu, mask = self.cfg.weighting, batch["sample_logp"], batch["action_mask"]
+        if opts.proximal == "recompute":  # pi_old scored first; the correction of the whole batch, once
+            old_logp = self.score(batch)
+            fixed = correct(old_logp, mu, mask, batch["advantage"], weighting)
+            weights, dropped, self.forward_log = fixed.weights, fixed.dropped, None  # [B, T-1]
+        else:  # no pi_old forward: each update forward corrects its own rows (lrl.proximal)
+            old_logp, weights, dropped, self.forward_log = mu, mask, None, ForwardLog.start(batch)
         clock.lap("old_logp")
-        weighting = self.cfg.weighting
-        weights = behavior_weights(old_logp, batch["sample_logp"], batch["action_mask"], weighting)  # [B, T-1]
         plan = plan_update(batch, old_logp, weights, ranks, opts.minibatches, self.shuffle, where)
         guard = UpdateGuard(self.policy, self.optimizers().optimizer) if opts.max_step_kl else None
         # frozen: Adam with lr 0 moves nothing
         lr = 0.0 if opts.freeze_policy else learning_rate(opts, version, self.cfg.max_steps)
         updates = self.update(plan, ranks, lr)
         clock.lap("update")
-        shift = self.measure_shift(batch, old_logp) if opts.step_kl else None
+        seen = None
+        if self.forward_log is not None:  # the trainer's side of the mismatch, from the update's own forwards
+            log = self.forward_log
+            old_logp, weights, seen, dropped = log.logp, log.weights, log.seen, log.dropped
+        shift = None
+        if opts.step_kl:  # over the rows whose old_logp is the trainer's own
+            shift = self.measure_shift(batch, old_logp, seen)
         clock.lap("shift")  # the step's KL, measured with one more forward pass
         control = {"train/lr": lr, "train/minibatches_done": len(updates or [])}
         if guard is not None:  # the whole step moved the policy too far on its own batch: take it back
@@ -125,10 +148,10 @@ class OffPolicyModule(L.LightningModule):
         self.source.publish(self.policy, self.version)  # the weight sync
         clock.lap("sync")
         means, maxes = step_metrics(
-            batch, old_logp, weights, updates, version, weighting, clock.laps, shift, control
+            batch, old_logp, weights, updates, version, weighting, clock.laps, shift, control, dropped, seen
         )
         metrics = ranks.weighted_means(means, maxes)
-        self.publish(StepRecord(version, batch, old_logp, weights, metrics))
+        self.publish(StepRecord(version, batch, old_logp, weights, metrics, seen))
 
     def update(self, plan: UpdatePlan, ranks: Ranks, lr: float) -> list[dict] | None:
         """The step's minibatch updates (None: no advantage signal, nothing to learn), stopped early once the
@@ -212,19 +235,23 @@ class OffPolicyModule(L.LightningModule):
                     positions=mask.bool(),
                     entropy=True,
                 )
-            loss, st = clipped_policy_loss(
-                logp, mb.old_logp[rows], mb.token_adv[rows], mask, opts.eps_low, opts.eps_high
-            )
+            old, token_adv = self.proximal_and_advantage(mb, rows, logp, mask)
+            loss, st = policy_loss(opts.loss, logp, old, token_adv, mask, opts.eps_low, opts.eps_high)
             entropy = (ent * mask).sum() / mask.sum().clamp(min=1.0)
             if opts.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
                 loss = loss - opts.entropy_coef * entropy
             st["entropy"] = entropy.detach()
-            bad = {"logp (log pi)": nonfinite(logp[mask.bool()]), "loss": nonfinite(loss)}
+            on = mask.bool()
+            bad = {
+                "logp (log pi)": nonfinite(logp[on]),
+                "weights": nonfinite(token_adv[on]),
+                "loss": nonfinite(loss),
+            }
             part = 1.0 if rows == slice(None) else float(mask.sum() / local_tokens.clamp(min=1))
         else:  # this rank has no rows in the minibatch: a zero loss keeps the gradient all-reduce in step
             loss = sum(p.sum() for p in self.policy.parameters()) * 0.0
             st = {k: torch.zeros((), device=self.device) for k in ("clip_frac", "approx_kl", "entropy")}
-            bad = {"logp (log pi)": 0, "loss": 0}
+            bad = {"logp (log pi)": 0, "weights": 0, "loss": 0}
             part = 1.0
         scale = share * part
         if scale != 1.0:  # this rank's (and microbatch's) share of the global per-token mean
@@ -232,6 +259,22 @@ class OffPolicyModule(L.LightningModule):
             st = {k: v * scale for k, v in st.items()}
         st["loss"] = loss.detach()
         return loss, st, bad
+
+    def proximal_and_advantage(self, mb: Minibatch, rows: slice, logp, mask):
+        """log pi_prox and the per-token advantage w * A of a microbatch's rows: the step's own where pi_old was
+        scored before the update; else from this forward (lrl.proximal), its correction kept for the metrics."""
+        opts = self.cfg.update
+        if self.forward_log is None:
+            return mb.old_logp[rows], mb.token_adv[rows]
+        mu = mb.sample_logp[rows]
+        progress = (
+            mb.index / mb.count
+        )  # the share of the step's updates the weights took before this minibatch
+        prox = proximal_logp(opts.proximal, None, logp, mu, mb.version[rows], self.version, progress)
+        side = correction_side(opts.proximal, prox, logp)  # rollout: this forward's own log-probs against mu
+        fixed = correct(side, mu, mask, mb.advantage[rows], self.cfg.weighting)
+        self.forward_log.record(mb.rows[rows], side, fixed.weights, fixed.dropped, exact=mb.index == 0)
+        return prox, mb.advantage[rows][:, None] * fixed.weights
 
     def microbatches(self, mb: Minibatch, ranks: Ranks) -> list[slice | None]:
         """The minibatch's rows in forwards that fit the memory plan: one slice of all rows without a plan or
@@ -264,9 +307,10 @@ class OffPolicyModule(L.LightningModule):
             )
 
     @torch.no_grad()
-    def measure_shift(self, batch, old_logp) -> dict[str, float]:
+    def measure_shift(self, batch, old_logp, seen=None) -> dict[str, float]:
         """How far the whole step moved the policy on its own batch, last minibatch included (lrl.stats)."""
-        return policy_shift(old_logp, self.score(batch), batch["action_mask"])
+        mask = batch["action_mask"] if seen is None else batch["action_mask"] * seen[:, None]
+        return policy_shift(old_logp, self.score(batch), mask)
 
     def publish(self, record: StepRecord) -> None:
         """Keep the step's record for the callbacks, append it to the history, log its metrics."""

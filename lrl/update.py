@@ -57,6 +57,43 @@ class Minibatch:
     token_adv: torch.Tensor  # [b, T-1] per-token advantage w * A
     global_tokens: torch.Tensor  # [] action tokens of this minibatch over all ranks
     where: str  # "step 3 (batch 3), minibatch 1", for error messages
+    rows: torch.Tensor | None = None  # [b] the rows' indices in the batch
+    sample_logp: torch.Tensor | None = None  # [b, T-1] log mu
+    version: torch.Tensor | None = None  # [b, T-1] the weight version of every token
+    advantage: torch.Tensor | None = None  # [b] the episodes' advantages
+    count: int = 1  # minibatches of the step
+
+
+@dataclass
+class ForwardLog:
+    """What the update forwards decided where no pi_old is scored before the update (proximal rollout or
+    interpolate): per row of the batch, the trainer's log-probs the correction compared with mu, its weights and
+    what each rule dropped. ``seen`` marks the rows of the first minibatch, whose forward ran on pi_old's weights:
+    their log-probs are pi_old's, and the mismatch metrics are measured on them (all rows with one minibatch, a
+    random 1/M of the batch with M); a later minibatch's forward runs on weights the step already moved."""
+
+    logp: torch.Tensor  # [B, T-1] the forward's own log-probs, detached (mu where no forward saw the row)
+    weights: torch.Tensor  # [B, T-1]
+    seen: torch.Tensor  # [B] bool: rows the forward scored with pi_old's weights
+    dropped: dict[str, torch.Tensor]  # reason -> bool [B, T-1]
+
+    @classmethod
+    def start(cls, batch: Batch) -> ForwardLog:
+        mu = batch["sample_logp"]
+        seen = torch.zeros(len(mu), dtype=torch.bool, device=mu.device)
+        return cls(mu.detach().clone(), torch.zeros_like(mu), seen, {})
+
+    def record(self, rows, logp, weights, dropped: dict, exact: bool) -> None:
+        """Keep one microbatch's decisions: `rows` [b] batch indices, the rest [b, T-1]; `exact` when its forward
+        ran on pi_old's weights (the first minibatch)."""
+        rows = rows.to(self.logp.device)
+        self.logp[rows] = logp.detach().to(self.logp.dtype)
+        self.weights[rows] = weights.detach().to(self.weights.dtype)
+        self.seen[rows] = exact
+        for reason, gone in dropped.items():
+            if reason not in self.dropped:
+                self.dropped[reason] = torch.zeros(self.logp.shape, dtype=torch.bool, device=self.logp.device)
+            self.dropped[reason][rows] = gone
 
 
 @dataclass
@@ -99,6 +136,11 @@ def plan_update(
             token_adv[rows],
             global_tokens[i],
             f"{where}, minibatch {i}",
+            rows,
+            batch["sample_logp"][rows],
+            batch["version"][rows],
+            batch["advantage"][rows],
+            len(chunks),
         )
         for i, rows in enumerate(chunks)
     ]
@@ -113,7 +155,11 @@ def learning_rate(update: UpdateOptions, version: int, max_steps: int) -> float:
     if update.lr_schedule == "constant":
         return update.lr * warm
     progress = min(version / max(max_steps - 1, 1), 1.0)
-    return warm * update.lr * (update.lr_final + (1 - update.lr_final) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return (
+        warm
+        * update.lr
+        * (update.lr_final + (1 - update.lr_final) * 0.5 * (1 + math.cos(math.pi * progress)))
+    )
 
 
 class UpdateGuard:

@@ -3,6 +3,7 @@
     python -m lrl.mismatch                              # the TinyAgent RL base, 30 gym prompts, 32 new tokens
     python -m lrl.mismatch --model DIR --engine-batch --fp32-head --json out.json --plot figs/
     python -m lrl.mismatch --model smollm2-135m --also engine-fp32 fp8 vllm   # a real chat model, every row
+    python -m lrl.mismatch --model smollm2-135m --arms bf16 fp16 bf16-head fp16-head fp8   # what each choice removes
 
 For each of the 30 gym tasks the prompt is the task's prompt, a ``read`` action and the source it shows,
 i.e. the point where the agent must name the buggy line; for a chat model, the same conversation rendered by
@@ -13,7 +14,8 @@ trainer does (one full forward over right-padded prompt + continuation) in bf16 
 ``--trainer-batch`` sequences per forward. Trainer-vs-engine rows measure the whole mismatch;
 trainer-vs-trainer rows isolate batch composition; ``--engine-batch`` rescoring the engine's tokens in
 decode batches of 1, 10 and 30 isolates the engine's own batch dependence. ``--fp32-head`` keeps the LM
-head in fp32 on the low-precision models (log-softmax is always fp32).
+head in fp32 on the low-precision models (log-softmax is always fp32). ``--arms`` adds one table of numerics side by
+side (lrl.tools.mismatch_arms): bf16, fp16, each with an fp32 head, fp32, FP8-rounded weights.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from lrl.cli import OneLineParser
 from lrl.policy import continuation_log_probs, with_fp32_head
 from lrl.stats import band_shares, compare, probability_bins, ratio_ranges
+from lrl.tools.mismatch_arms import ARMS, measure_arms
 from lrl.tools.mismatch_engines import ALSO_LABELS, VLLMScorer, aligned_difference, also_sample
 from lrl.tools.mismatch_report import plot, report
 
@@ -153,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="cut the prompts to unequal lengths (the gym's are all equal), so batches are padded",
     )
     p.add_argument("--fp32-head", action="store_true", help="LM head in fp32 on the low-precision models")
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        default=[],
+        choices=list(ARMS),
+        help="also one table of numerics side by side, each arm sampling its own tokens with the KV-cache engine "
+        "and rescored trainer-style in the same numerics (fp8: rounded weights against the fp32 trainer)",
+    )
     p.add_argument(
         "--top-p", type=_open_unit, default=1.0, help="engine nucleus sampling (mu is the truncated one)"
     )
@@ -318,6 +329,7 @@ def measure(model, tok, args) -> dict:
         trainer = continuation_log_probs(model, prompts, ids, tok.pad_id, batches[0], args.temperature)
         comparisons[f"fp32 trainer batch {batches[0]} vs {ALSO_LABELS[name]}"] = trainer - logp
     del reference
+    arms = measure_arms(model, prompts, tok, args, args.arms) if args.arms else {}
     headline = f"{SHORT[torch.bfloat16]} trainer batch {batches[0]} vs engine"
     return {
         "model": args.model or (f"random {args.random_model}" if args.random_model else "TinyAgent RL base"),
@@ -340,6 +352,7 @@ def measure(model, tok, args) -> dict:
         "ratios": ratio_ranges(comparisons[headline]),
         "ratios_by_comparison": {name: ratio_ranges(d) for name, d in comparisons.items()},
         "timings": timings,
+        "arms": arms,
         "_diffs": comparisons,
         "_engine_logp": engine_logp,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lrl.stats import PROBABILITY_BINS, cdf_points
+from lrl.tools.mismatch_arms import arms_report
 
 
 def report(res: dict) -> str:
@@ -36,6 +37,8 @@ def report(res: dict) -> str:
         f"token ratios pi/mu: [{r['token_min']:.4f}, {r['token_max']:.4f}]   "
         f"sequence ratios: [{r['seq_min']:.4f}, {r['seq_max']:.4f}]"
     )
+    if res.get("arms"):
+        lines += arms_report(res["arms"])
     lines.append("over cap: share of tokens with pi/mu > 2 (TIS); out band: outside [0.5, 5] (MIS)")
     return "\n".join(lines)
 

@@ -69,18 +69,18 @@ def test_nan_in_sampler_logps_stops_the_step_by_name(format_policy):
 
 def test_nan_loss_and_inf_gradient_stop_before_the_optimizer_step(format_policy, monkeypatch):
     run, snaps = run_with(format_policy)
-    real, calls = lrl.module.clipped_policy_loss, []
+    real, calls = lrl.module.policy_loss, []
 
     def nan_loss(*args, **kw):
         loss, stats = real(*args, **kw)
         calls.append(1)
         return (loss * float("nan") if len(calls) == 3 else loss), stats  # step 1, minibatch 0
 
-    monkeypatch.setattr(lrl.module, "clipped_policy_loss", nan_loss)
+    monkeypatch.setattr(lrl.module, "policy_loss", nan_loss)
     with pytest.raises(NumericalError, match=r"non-finite loss at step 1 \(batch 1\), minibatch 0"):
         fit(run)
     assert unchanged(run, snaps)
-    monkeypatch.setattr(lrl.module, "clipped_policy_loss", real)
+    monkeypatch.setattr(lrl.module, "policy_loss", real)
 
     run, snaps = run_with(format_policy)
     param = next(run.policy.parameters())

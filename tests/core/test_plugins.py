@@ -58,6 +58,37 @@ def test_plugin_sampler_correction_env_and_metric_train_together(in_examples, tm
     assert any(not torch.equal(a, b) for a, b in zip(before, run.policy.parameters()))
 
 
+def test_a_plugin_mask_is_chosen_like_a_built_in_and_logs_what_it_dropped(in_examples):
+    cfg = parse_args(
+        [
+            "--plugins",
+            "my_plugin",
+            "--env",
+            "echo",
+            "--sampler",
+            "lagged",
+            "--lag",
+            "1",
+            "--masks",
+            "spike,kl",
+        ]
+        + ["--high", "1.05", "--max-steps", "3", "--progress", "false", "--eval-at-start", "false"]
+    )
+    assert cfg.masks == ["spike", "kl"]
+    run = build_run(cfg, logger=False)
+    fit(run)
+    history = run.module.history
+    step = run.module.last_step
+    on = step.batch["action_mask"].bool()
+    over = ((step.old_logp - step.batch["sample_logp"]) > torch.tensor(1.05).log()) & on
+    spiked = over.any(-1)  # [B] episodes the mask must have left out
+    assert spiked.any(), "no token above the bound: the test proves nothing"
+    assert (step.weights[spiked] == 0).all()
+    dropped = on[spiked].sum().item() / on.sum().item()
+    assert history[-1]["offpolicy/dropped_tokens/spike"] == pytest.approx(dropped)
+    assert "offpolicy/dropped_seqs/kl" in history[-1]
+
+
 def test_a_wrapped_built_in_sampler_trains_like_the_built_in(in_examples, tmp_path):
     flags = ["--max-steps", "2", "--tasks-per-step", "2", "--episodes-per-task", "4", "--eval-episodes", "1"]
     cfg = parse_args(
@@ -178,6 +209,6 @@ def test_the_extending_doc_shows_the_code_the_tests_run():
 
     source = (EXAMPLES / "my_plugin.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(), re.S)
-    assert len(blocks) == 6  # a sampler, a wrapped built-in sampler, a correction, an environment, a metric, a policy
+    assert len(blocks) == 7  # 2 samplers, a correction, a mask, an environment, a metric, a policy
     for block in blocks:
         assert block.strip() in source, block[:80]

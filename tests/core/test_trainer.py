@@ -101,15 +101,15 @@ def test_dropout_is_off_for_old_logp_and_the_update(tmp_path, tok, monkeypatch):
         )
     )
     save_policy(gpt, tok, tmp_path / "gpt")
-    real, first = lrl.module.clipped_policy_loss, []
+    real, first = lrl.module.policy_loss, []
 
-    def recording(logp, old_logp, token_adv, mask, *args):
-        loss, stats = real(logp, old_logp, token_adv, mask, *args)
+    def recording(kind, logp, old_logp, token_adv, mask, *args):
+        loss, stats = real(kind, logp, old_logp, token_adv, mask, *args)
         if not first:
             first.append((((logp - old_logp) * mask).abs().max().item(), stats["approx_kl"].item()))
         return loss, stats
 
-    monkeypatch.setattr(lrl.module, "clipped_policy_loss", recording)
+    monkeypatch.setattr(lrl.module, "policy_loss", recording)
     # an untrained model earns no reward: give every episode an advantage so that the update runs
     monkeypatch.setattr(
         lrl.sources.base, "group_advantages", lambda reward, group, valid: torch.linspace(-1, 1, len(reward))

@@ -128,6 +128,33 @@ def test_fp32_head_and_top_p_change_the_numbers(saved_policy, tmp_path):
     assert runs["top_p"] > runs["plain"]  # mu is the truncated distribution, pi is not
 
 
+def test_arms_put_each_choice_of_numerics_side_by_side(saved_policy, tmp_path, capsys):
+    out = tmp_path / "arms.json"
+    argv = [
+        "--model",
+        str(saved_policy),
+        "--new-tokens",
+        "4",
+        "--json",
+        str(out),
+        "--arms",
+        "fp32",
+        "bf16",
+        "fp16",
+    ]
+    assert mismatch.main([*argv, "bf16-head", "fp8"]) == 0
+    assert "fp16 engine vs fp16 trainer" in capsys.readouterr().out
+    arms = json.loads(out.read_text())["arms"]
+    assert list(arms) == ["fp32", "bf16", "fp16", "bf16-head", "fp8"]
+    for arm in arms.values():
+        assert arm["tokens"] == 30 * 4 and arm["nonfinite"] == 0
+        assert {"mean", "p99", "max", "over_cap", "outside_band", "kl_k3"} <= set(arm)
+    assert arms["fp32"]["max"] < 1e-4  # the same weights in fp32: the decode path costs nothing measurable
+    assert arms["bf16"]["mean"] > 10 * arms["fp32"]["mean"]
+    assert arms["fp16"]["mean"] < arms["bf16"]["mean"]  # three more mantissa bits
+    assert arms["fp8"]["mean"] > arms["fp32"]["mean"]
+
+
 def test_tool_errors_are_clear(saved_policy, tmp_path, capsys):
     from transformers import DistilBertConfig, DistilBertModel
 
