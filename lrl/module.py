@@ -23,7 +23,7 @@ from lrl.evaluation import heldout
 from lrl.logprobs import scored_in_rows, token_log_probs
 from lrl.losses import policy_loss
 from lrl.metrics import step_metrics
-from lrl.precision import accelerator_device, autocast, resolve_precision
+from lrl.precision import LossScale, accelerator_device, autocast, resolve_precision
 from lrl.proximal import correction_side, proximal_logp
 from lrl.stats import policy_shift
 from lrl.streams import EVALUATION, SHUFFLE, stream_seed
@@ -76,6 +76,7 @@ class OffPolicyModule(L.LightningModule):
         self.spec = spec
         self.memory = memory  # lrl.budget.MemoryPlan: how many tokens one forward may hold (None: a batch)
         self.precision = resolve_precision(cfg.precision, policy, accelerator_device(cfg.accelerator))
+        self.loss_scale = LossScale(self.precision == "fp16")  # fp16's gradients would flush to zero without it
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
         self.shuffle = torch.Generator().manual_seed(stream_seed(cfg.seed, SHUFFLE))
@@ -164,6 +165,8 @@ class OffPolicyModule(L.LightningModule):
             updates = []
             for mb in plan.minibatches:
                 stats = self.minibatch_update(mb, ranks)
+                while stats is RETAKE:  # fp16: a gradient overflowed at the loss scale, now halved
+                    stats = self.minibatch_update(mb, ranks)
                 if stats is None:
                     break
                 updates.append(stats)
@@ -200,10 +203,13 @@ class OffPolicyModule(L.LightningModule):
                 return None  # KL(pi_old || pi) on this minibatch, before its update, is past the target
             for key, value in part_st.items():
                 st[key] = st[key] + value if key in st else value
-            self.manual_backward(loss)
+            self.manual_backward(self.loss_scale(loss))
         if len(parts) > 1 and self.past_target(mb, kl):
             optimizer.zero_grad()
             return None
+        if not self.loss_scale.unscale(self.policy.parameters()):
+            optimizer.zero_grad()
+            return RETAKE
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
         grad_norm = torch.stack([g.detach().norm() for g in grads]).norm() if grads else torch.zeros(())
         if not torch.isfinite(grad_norm):  # the same on every rank: gradients are all-reduced
@@ -349,6 +355,7 @@ class OffPolicyModule(L.LightningModule):
             "rng": Ranks.of(self).gather_objects(rng),
             "config": self.cfg.to_dict(),
             "run_dir": self.run_dir,
+            "loss_scale": self.loss_scale.scale,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -357,6 +364,7 @@ class OffPolicyModule(L.LightningModule):
         self.skipped = state["skipped"]
         self.shuffle.set_state(state["shuffle"])
         self.history = list(state["history"])
+        self.loss_scale.scale = state.get("loss_scale", self.loss_scale.scale)  # older checkpoints have none
         self.source.load_weights_state(state["weights"])  # applied in on_fit_start, by the source's setup
         progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
         if progress.get("is_last_batch") and checkpoint.get("global_step", 0) < self.cfg.max_steps:
@@ -383,6 +391,9 @@ class OffPolicyModule(L.LightningModule):
             # stepped by the policy version, so the held-out point sits at the update count it measures
             self.logger.log_metrics({f"val/{k}": float(stats[k]) for k in keys}, step=self.version)
         return stats
+
+
+RETAKE = object()  # minibatch_update's answer when fp16's loss scale overflowed: the minibatch is taken again
 
 
 class Stopwatch:

@@ -120,13 +120,52 @@ def fp16_problem(device_type: str = "cpu") -> str | None:
     return None
 
 
+class LossScale:
+    """fp16's dynamic loss scale. float16 flushes numbers below 6e-8 to zero, and a backward in float16 flushes
+    small gradients with them (on SmolLM2 under fp16 autocast, 3% of the gradient's entries where fp32 has none;
+    at a scale of 2^12, 0.002%). The loss is multiplied by ``scale`` before its backward and the gradients divided
+    by it before anything reads them; a non-finite gradient halves the scale and its minibatch is taken again (down
+    to a scale of 1, where the numerical guard reports it), and every ``growth_every`` finite minibatches double
+    it. Off (scale 1, nothing done) for fp32 and bf16, whose range is fp32's."""
+
+    def __init__(self, enabled: bool, scale: float = 2.0**12, growth_every: int = 200):
+        self.enabled = enabled
+        self.scale = scale if enabled else 1.0
+        self.growth_every = growth_every
+        self.finite_in_a_row = 0
+
+    def __call__(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to take the backward of."""
+        return loss * self.scale if self.enabled else loss
+
+    def unscale(self, parameters) -> bool:
+        """Divide the gradients by the scale -> False when one is not finite and the scale was halved (take the
+        minibatch again), True otherwise."""
+        if not self.enabled:
+            return True
+        grads = [p.grad for p in parameters if p.grad is not None]
+        for g in grads:
+            g.div_(self.scale)
+        finite = bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
+        if finite:
+            self.finite_in_a_row += 1
+            if self.finite_in_a_row % self.growth_every == 0:
+                self.scale *= 2
+            return True
+        self.finite_in_a_row = 0
+        if self.scale <= 1.0:
+            return True  # nothing left to halve: the guard reports the non-finite gradient
+        self.scale /= 2
+        return False
+
+
 def describe(precision: str, device: torch.device | str = "cpu") -> str:
     """One line for the run's first lines: what the trainer computes in, and why."""
     device = torch.device(device)
     if precision == "fp16":
         native = device.type == "cuda" or "avx512_fp16" in cpu_fp16_features()
         speed = "" if native else "; no native fp16 arithmetic on this CPU: slower than bf16 and fp32"
-        return f"precision: fp16 autocast (fp32 weights and optimizer{speed})"
+        return f"precision: fp16 autocast (fp32 weights and optimizer, a dynamic loss scale{speed})"
     if precision != "bf16":
         return "precision: fp32"
     where = ", ".join(cpu_bf16_features()) if device.type == "cpu" else torch.cuda.get_device_name(device)
