@@ -6,32 +6,41 @@ pi_old/mu into behavior weights (the configured correction), take ``minibatches`
 per-token advantages ``w * A``, publish the new weights to the rollout source, and publish the step's record
 (:class:`StepRecord`, read by the callbacks) and metrics. ``global_step`` counts sampled batches, which is
 also the policy version. The path of a batch is drawn in docs/architecture.md.
+
+Each piece of work is done once. With one minibatch (and a correction that weighs each row by its own log-probs)
+the update's forward runs on the trainer's current weights, so its log-probs, detached, are pi_old: no separate
+pass (:meth:`OffPolicyModule.fuses_old_logp`). For a model planned in microbatches, rows whose advantage is 0
+(every episode of their group scored the same) stay out of the update's forward and backward: their tokens stay in
+the loss's denominator and only pi_old is computed for them, for the step's metrics.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
 
 import lightning as L
 import torch
 
-from lrl.batch import Batch, to_device
+from lrl.batch import to_device
 from lrl.distributed import Ranks
 from lrl.evaluation import heldout
 from lrl.logprobs import scored_in_rows, token_log_probs
 from lrl.losses import clipped_policy_loss
 from lrl.metrics import step_metrics
 from lrl.precision import accelerator_device, autocast, resolve_precision
+from lrl.registry import CORRECTIONS
 from lrl.stats import policy_shift
+from lrl.step_data import Scored, StepRecord, Stopwatch, merged_ledger
 from lrl.streams import EVALUATION, SHUFFLE, stream_seed
 from lrl.update import (
     Minibatch,
     NumericalError,
     UpdateGuard,
     UpdatePlan,
+    check_scored,
     learning_rate,
+    live_rows,
     nonfinite,
     not_applied,
     plan_update,
@@ -40,17 +49,6 @@ from lrl.update import (
 from lrl.weights import behavior_weights
 
 __all__ = ["OffPolicyModule", "StepRecord", "NumericalError"]
-
-
-@dataclass
-class StepRecord:
-    """What one training step publishes for the callbacks (``module.last_step``)."""
-
-    version: int  # the trainer's policy version at the start of the step: it scored and trained the batch
-    batch: Batch
-    old_logp: torch.Tensor  # [B, T-1] log pi_old, computed before the update
-    weights: torch.Tensor  # [B, T-1] the correction weights that multiplied the advantages
-    metrics: dict[str, float]  # the step's logged metrics, reduced over ranks
 
 
 class OffPolicyModule(L.LightningModule):
@@ -67,6 +65,11 @@ class OffPolicyModule(L.LightningModule):
         self.source = source
         self.spec = spec
         self.memory = memory  # lrl.budget.MemoryPlan: how many tokens one forward may hold (None: a batch)
+        # rows whose advantage is 0 stay out of the update's forward and backward (exact: they add nothing to the
+        # gradient; their tokens stay in the loss's denominator) where a forward is what a step costs: a model
+        # planned in microbatches. The built-in policies run every row, as they always have, so that their
+        # published seeded runs repeat bit for bit (a different batch shape rounds differently)
+        self.skip_rows = memory is not None and memory.chunked
         self.precision = resolve_precision(cfg.precision, policy, accelerator_device(cfg.accelerator))
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
@@ -88,7 +91,9 @@ class OffPolicyModule(L.LightningModule):
         """The RL step runs without dropout: ``old_logp``, the sampler's log-probs and the loss must be one
         function of the weights. Lightning's evaluation loop restores each module's mode, so eval mode stays."""
         self.policy.eval()
-        if self.cfg.evaluation.eval_at_start and self.version == 0:  # the starting policy's held-out score, at step 0
+        if (
+            self.cfg.evaluation.eval_at_start and self.version == 0
+        ):  # the starting policy's held-out score, at step 0
             self.heldout_evaluation()
 
     def configure_optimizers(self):
@@ -99,6 +104,7 @@ class OffPolicyModule(L.LightningModule):
     # -- one step ------------------------------------------------------------------------------------
     def training_step(self, deferred, batch_idx):
         opts = self.cfg.update
+        weighting = self.cfg.weighting
         version = self.version
         ranks = Ranks.of(self)
         batch = to_device(
@@ -106,15 +112,29 @@ class OffPolicyModule(L.LightningModule):
         )  # sampled here, after the previous weight sync
         where = f"step {version} (batch {int(batch['index'])})"
         clock = Stopwatch()
-        old_logp = self.score(batch)
+        keep_all = not self.skip_rows or bool(opts.entropy_coef) or opts.target_kl is not None
+        live = live_rows(batch, keep_all)
+        trim = self.skip_rows
+        if self.fuses_old_logp():  # the rows the update runs get pi_old and weights from its forward
+            plan = plan_update(batch, None, None, ranks, opts.minibatches, self.shuffle, where, live, trim)
+            apart = ~live if plan.signal else None  # a step without signal runs no forward: score every row
+            scored = self.score(batch, apart, entropy=plan.signal)
+            others = batch["action_mask"] * (~live[:, None] if plan.signal else 1)
+            scored.weights = behavior_weights(scored.old_logp, batch["sample_logp"], others, weighting)
+            check_scored(scored.old_logp, scored.weights, others.bool(), ranks, where)
+        else:
+            scored = self.score(batch, None, entropy=bool(live.any()))
+            mask = batch["action_mask"]
+            scored.weights = behavior_weights(scored.old_logp, batch["sample_logp"], mask, weighting)
+            plan = plan_update(
+                batch, scored.old_logp, scored.weights, ranks, opts.minibatches, self.shuffle, where, live
+            )
         clock.lap("old_logp")
-        weighting = self.cfg.weighting
-        weights = behavior_weights(old_logp, batch["sample_logp"], batch["action_mask"], weighting)  # [B, T-1]
-        plan = plan_update(batch, old_logp, weights, ranks, opts.minibatches, self.shuffle, where)
         guard = UpdateGuard(self.policy, self.optimizers().optimizer) if opts.max_step_kl else None
         # frozen: Adam with lr 0 moves nothing
         lr = 0.0 if opts.freeze_policy else learning_rate(opts, version, self.cfg.max_steps)
-        updates = self.update(plan, ranks, lr)
+        updates = self.update(plan, ranks, lr, scored)
+        old_logp, weights = scored.old_logp, scored.weights
         clock.lap("update")
         shift = self.measure_shift(batch, old_logp) if opts.step_kl else None
         clock.lap("shift")  # the step's KL, measured with one more forward pass
@@ -130,7 +150,13 @@ class OffPolicyModule(L.LightningModule):
         metrics = ranks.weighted_means(means, maxes)
         self.publish(StepRecord(version, batch, old_logp, weights, metrics))
 
-    def update(self, plan: UpdatePlan, ranks: Ranks, lr: float) -> list[dict] | None:
+    def fuses_old_logp(self) -> bool:
+        """Whether pi_old comes from the update's own forward: one minibatch on the trainer's current weights is
+        the pi_old forward (the ratio is 1 by construction), where the correction weighs each row by its own
+        log-probs alone (a correction that reads the whole batch needs all of pi_old before any loss)."""
+        return self.cfg.update.minibatches == 1 and CORRECTIONS.get(self.cfg.weighting.correction).per_row
+
+    def update(self, plan: UpdatePlan, ranks: Ranks, lr: float, scored: Scored) -> list[dict] | None:
         """The step's minibatch updates (None: no advantage signal, nothing to learn), stopped early once the
         policy has moved past ``target_kl`` on the minibatch about to be used."""
         optimizer = self.optimizers()
@@ -140,11 +166,13 @@ class OffPolicyModule(L.LightningModule):
         if plan.signal:
             updates = []
             for mb in plan.minibatches:
-                stats = self.minibatch_update(mb, ranks)
+                stats = self.minibatch_update(mb, ranks, scored)
                 if stats is None:
                     break
                 updates.append(stats)
-        else:
+        moved = [u.pop("moved") for u in updates or []]
+        if not any(m > 0 for m in moved):  # no token carried an advantage
+            updates = None
             self.skipped += 1
         # one step through Lightning's optimizer wrapper per sampled batch, so that global_step counts batches
         # (the minibatches step the torch optimizer directly); with no gradient left, Adam changes nothing
@@ -152,27 +180,30 @@ class OffPolicyModule(L.LightningModule):
         optimizer.step()
         return updates
 
-    def minibatch_update(self, mb: Minibatch, ranks: Ranks) -> dict[str, torch.Tensor] | None:
+    def minibatch_update(self, mb: Minibatch, ranks: Ranks, scored: Scored) -> dict[str, torch.Tensor] | None:
         """One clipped update on this rank's rows of a minibatch -> its statistics (shares of the global mean),
         or None when the policy already moved past ``target_kl`` (the update is not taken).
 
         The rows go through the model in microbatches that fit the memory plan (one, for the built-in
         policies), each backward adding its share of the minibatch's per-token mean to the gradient. NaN/inf
         stops the step before the microbatch's backward; the KL target is checked on the whole minibatch before
-        the optimizer steps, so a stopped minibatch changes no weight."""
+        the optimizer steps, so a stopped minibatch changes no weight. Where pi_old is made by this forward
+        (``mb.old_logp`` None) a minibatch in which no token carries an advantage takes no optimizer step."""
         optimizer = self.optimizers()
         optimizer.zero_grad()
         parts = self.microbatches(mb, ranks)
-        local_tokens = mb.action_mask.sum()
+        local_tokens = mb.local_tokens
         share = ranks.loss_share(local_tokens, mb.global_tokens)
         st: dict[str, torch.Tensor] = {}
         kl = 0.0
+        moved = 0.0
         for rows in parts:
-            loss, part_st, bad = self.microbatch_loss(mb, rows, local_tokens, share)
-            checked = [*(float(v) for v in bad.values()), float(part_st["approx_kl"])]
+            loss, part_st, bad, carried = self.microbatch_loss(mb, rows, local_tokens, share, scored)
+            checked = [*(float(v) for v in bad.values()), float(part_st["approx_kl"]), carried]
             totals = ranks.all_reduce(torch.tensor(checked, dtype=torch.float64)).tolist()
             raise_if_nonfinite(bad, totals[: len(bad)], mb.where, applied=mb.index)
-            kl += totals[-1]
+            kl += totals[-2]
+            moved += totals[-1]
             if len(parts) == 1 and self.past_target(mb, kl):
                 return None  # KL(pi_old || pi) on this minibatch, before its update, is past the target
             for key, value in part_st.items():
@@ -181,6 +212,13 @@ class OffPolicyModule(L.LightningModule):
         if len(parts) > 1 and self.past_target(mb, kl):
             optimizer.zero_grad()
             return None
+        if scored.entropy is not None and "entropy" in st:  # the rows that stayed out, at pi_old
+            others = scored.entropy[mb.others].sum() / local_tokens.clamp(min=1) * share
+            st["entropy"] = st["entropy"] + others.to(st["entropy"])
+        st["moved"] = torch.tensor(moved)
+        if mb.old_logp is None and moved == 0:  # every weight of the minibatch turned out 0: nothing to step
+            optimizer.zero_grad()
+            return {k: v.detach() for k, v in st.items()}
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
         grad_norm = torch.stack([g.detach().norm() for g in grads]).norm() if grads else torch.zeros(())
         if not torch.isfinite(grad_norm):  # the same on every rank: gradients are all-reduced
@@ -197,9 +235,11 @@ class OffPolicyModule(L.LightningModule):
         target = self.cfg.update.target_kl
         return target is not None and mb.index > 0 and kl > target
 
-    def microbatch_loss(self, mb: Minibatch, rows: slice | None, local_tokens, share: float):
+    def microbatch_loss(self, mb: Minibatch, rows: slice | None, local_tokens, share: float, scored: Scored):
         """Loss of one microbatch (``rows`` of the minibatch; None: this rank holds none of it) -> the loss,
-        its statistics and NaN/inf counts, scaled to their shares of the minibatch's global per-token mean."""
+        its statistics and NaN/inf counts, scaled to their shares of the global per-token mean, and the count of
+        its tokens that carry an advantage. Where ``mb.old_logp`` is None, pi_old is this forward's own log-probs
+        (detached), and the correction's weights are made from them here."""
         opts = self.cfg.update
         if rows is not None:
             mask = mb.action_mask[rows]
@@ -211,27 +251,49 @@ class OffPolicyModule(L.LightningModule):
                     self.cfg.sampling.temperature,
                     positions=mask.bool(),
                     entropy=True,
+                    checkpoint_head=self.checkpoint_head(mask),
                 )
-            loss, st = clipped_policy_loss(
-                logp, mb.old_logp[rows], mb.token_adv[rows], mask, opts.eps_low, opts.eps_high
-            )
+            bad = {"logp (log pi)": nonfinite(logp[mask.bool()])}
+            if mb.old_logp is None:  # pi_old is this forward (one minibatch, the current weights)
+                old_logp = logp.detach()
+                weights = behavior_weights(old_logp, mb.sample_logp[rows], mask, self.cfg.weighting)
+                token_adv = mb.advantage[rows, None] * weights
+                scored.fill(mb.rows[rows], old_logp, weights)
+                bad = {
+                    "old_logp (log pi_old)": nonfinite(old_logp[mask.bool()]),
+                    "weights": nonfinite(weights[mask.bool()]),
+                }
+            else:
+                old_logp, token_adv = mb.old_logp[rows], mb.token_adv[rows]
+            loss, st = clipped_policy_loss(logp, old_logp, token_adv, mask, opts.eps_low, opts.eps_high)
             entropy = (ent * mask).sum() / mask.sum().clamp(min=1.0)
             if opts.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
                 loss = loss - opts.entropy_coef * entropy
             st["entropy"] = entropy.detach()
-            bad = {"logp (log pi)": nonfinite(logp[mask.bool()]), "loss": nonfinite(loss)}
-            part = 1.0 if rows == slice(None) else float(mask.sum() / local_tokens.clamp(min=1))
+            bad["loss"] = nonfinite(loss)
+            part = float(mask.sum() / local_tokens.clamp(min=1))
+            carried = float((token_adv * mask).ne(0).sum())
         else:  # this rank has no rows in the minibatch: a zero loss keeps the gradient all-reduce in step
             loss = sum(p.sum() for p in self.policy.parameters()) * 0.0
             st = {k: torch.zeros((), device=self.device) for k in ("clip_frac", "approx_kl", "entropy")}
             bad = {"logp (log pi)": 0, "loss": 0}
+            if mb.old_logp is None:
+                bad = {"old_logp (log pi_old)": 0, "weights": 0, "loss": 0}
             part = 1.0
+            carried = 0.0
         scale = share * part
         if scale != 1.0:  # this rank's (and microbatch's) share of the global per-token mean
             loss = loss * scale
             st = {k: v * scale for k, v in st.items()}
         st["loss"] = loss.detach()
-        return loss, st, bad
+        return loss, st, bad, carried
+
+    def checkpoint_head(self, mask: torch.Tensor) -> bool:
+        """Whether the LM head recomputes its chunks in the backward pass: only where the memory plan says the
+        logits of a forward's action tokens do not fit (without a plan: never)."""
+        if self.memory is None:
+            return False
+        return not self.memory.logits_fit(int(mask.sum()))
 
     def microbatches(self, mb: Minibatch, ranks: Ranks) -> list[slice | None]:
         """The minibatch's rows in forwards that fit the memory plan: one slice of all rows without a plan or
@@ -250,23 +312,40 @@ class OffPolicyModule(L.LightningModule):
         return parts + [None] * (count - len(parts))
 
     @torch.no_grad()
-    def score(self, batch) -> torch.Tensor:
-        """log pi_old of the batch's tokens: the trainer's weights and arithmetic, in forwards that fit
-        (the action positions are the ones that count) -> [B, T-1]."""
+    def score(self, batch, rows: torch.Tensor | None = None, entropy: bool = False) -> Scored:
+        """log pi_old of the batch's tokens (of ``rows`` only, a [B] bool; 0 elsewhere, for the update to fill):
+        the trainer's weights and arithmetic, in forwards that fit (the action positions are the ones that
+        count) -> :class:`Scored` (and the entropies of the same positions, with ``entropy``)."""
+        positions = batch["action_mask"].bool()
+        out = Scored(positions.new_zeros(positions.shape, dtype=torch.float32))
+        if entropy:
+            out.entropy = torch.zeros_like(out.old_logp)
+        index = torch.arange(len(positions), device=positions.device)
+        index = index if rows is None else index[rows.to(positions.device)]
+        if not len(index):
+            return out
+        width = int(batch["attention_mask"][index].sum(-1).max())  # right padding no row of them uses is cut
         with autocast(self.precision, self.device):
-            return scored_in_rows(
+            scores = scored_in_rows(
                 self.policy,
-                batch["ids"],
-                batch["attention_mask"],
+                batch["ids"][index, :width],
+                batch["attention_mask"][index, :width],
                 self.cfg.sampling.temperature,
-                positions=batch["action_mask"].bool(),
+                positions=positions[index, : width - 1],
                 max_tokens=self.memory.score_tokens if self.memory is not None else None,
+                entropy=entropy,
             )
+        logp, ent = scores if entropy else (scores, None)
+        on = positions[index, : width - 1]
+        out.old_logp[index, : width - 1] = torch.where(on, logp, 0.0)
+        if entropy:
+            out.entropy[index, : width - 1] = torch.where(on, ent, 0.0)
+        return out
 
     @torch.no_grad()
     def measure_shift(self, batch, old_logp) -> dict[str, float]:
         """How far the whole step moved the policy on its own batch, last minibatch included (lrl.stats)."""
-        return policy_shift(old_logp, self.score(batch), batch["action_mask"])
+        return policy_shift(old_logp, self.score(batch).old_logp, batch["action_mask"])
 
     def publish(self, record: StepRecord) -> None:
         """Keep the step's record for the callbacks, append it to the history, log its metrics."""
@@ -339,35 +418,3 @@ class OffPolicyModule(L.LightningModule):
             # stepped by the policy version, so the held-out point sits at the update count it measures
             self.logger.log_metrics({f"val/{k}": float(stats[k]) for k in keys}, step=self.version)
         return stats
-
-
-class Stopwatch:
-    """Seconds between laps: ``laps["old_logp"]`` is the time from the previous lap (or creation) to it."""
-
-    def __init__(self):
-        self.laps: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps[name] = now - self._last
-        self._last = now
-
-
-def merged_ledger(ranks: Ranks, own: dict) -> dict:
-    """Every rank's ledger of the step as one: ids and per-group seconds concatenated in rank order, token counts
-    per staleness summed. Every rank calls it (a collective under DDP), so every rank's history holds it all."""
-    if not own or ranks.world == 1:  # sync mode has no ledger on any rank: no collective on the hot path
-        return own
-    parts = ranks.gather_objects(own)
-    out: dict = {}
-    for part in parts:
-        for key, value in part.items():
-            if key == "staleness_counts":
-                sums = out.setdefault(key, [])
-                sums.extend([0] * (len(value) - len(sums)))
-                for k, c in enumerate(value):
-                    sums[k] += c
-            else:
-                out.setdefault(key, []).extend(value)
-    return out

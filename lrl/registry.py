@@ -35,6 +35,9 @@ class Entry:
     defaults: tuple[tuple[str, object], ...] = ()  # config values this entry sets where the user set none
     check_model: Callable | None = None  # (cfg, spec, model) -> problems: a model the entry cannot run
     instructions: str = ""  # environments: a chat model's system message, unless --system-prompt replaces it
+    # corrections: a row's weights depend on that row's log-probs alone, so a step may make them piece by piece
+    # from its update's own forward (lrl.module); False (a plugin's default) scores the whole batch first
+    per_row: bool = False
 
 
 class Registry(Mapping):
@@ -62,13 +65,15 @@ class Registry(Mapping):
         defaults=None,
         check_model: Callable | None = None,
         instructions: str = "",
+        per_row: bool = False,
     ):
         """Decorator: make `fn` available under `name`; a name registered twice is an error.
 
         ``uses``: the config keys the entry reads; ``check(cfg) -> list[str]``: its own rules, as problems;
         ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit);
         ``check_model(cfg, spec, model) -> list[str]``: models it cannot run (checked before the run starts);
-        ``instructions``: an environment's instructions to a chat model, its system message.
+        ``instructions``: an environment's instructions to a chat model, its system message;
+        ``per_row``: a correction whose weights of a row read that row's log-probs alone (see :class:`Entry`).
         """
         if not isinstance(name, str) or not _is_name(name):
             raise RegistryError(
@@ -82,7 +87,9 @@ class Registry(Mapping):
                 raise RegistryError(f"{self.kind} {name!r} is registered twice (first by {where})")
             doc = help or (fn.__doc__ or "").strip().split("\n")[0]
             defaults_ = tuple((defaults or {}).items())
-            self.entries[name] = Entry(name, fn, tuple(uses), check, doc, defaults_, check_model, instructions)
+            self.entries[name] = Entry(
+                name, fn, tuple(uses), check, doc, defaults_, check_model, instructions, per_row
+            )
             return fn
 
         return add

@@ -87,19 +87,19 @@ def behavior_weights(logp_trainer, logp_sampler, mask, options: WeightingOptions
     return weights
 
 
-@register_correction("none")
+@register_correction("none", per_row=True)
 def _none(logp_trainer, logp_sampler, mask, options) -> torch.Tensor:
     """ignore mu: the weights are the action mask (the trainer-only update)"""
     return mask.to(logp_trainer.dtype)
 
 
-@register_correction("tis", uses=("cap", "level"))
+@register_correction("tis", uses=("cap", "level"), per_row=True)
 def _tis(logp_trainer, logp_sampler, mask, options) -> torch.Tensor:
     """truncated IS: min(pi_old/mu, cap) at the ratio's level"""
     return tis_weights(logp_trainer, logp_sampler, mask, options.cap, options.level)
 
 
-@register_correction("mis", uses=("low", "high", "level"))
+@register_correction("mis", uses=("low", "high", "level"), per_row=True)
 def _mis(logp_trainer, logp_sampler, mask, options) -> torch.Tensor:
     """masked IS (IcePop): pi_old/mu inside [low, high] at the ratio's level, else 0"""
     return mis_weights(logp_trainer, logp_sampler, mask, options.low, options.high, options.level)
