@@ -16,12 +16,14 @@ What makes it "engine-style" rather than trainer-style (``lrl.decoding.TrainerSt
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from lrl.decode_step import decode_attention, growing_cache
 from lrl.decoding import context_length, sample_tokens, truncated_log_probs
 
 
@@ -70,8 +72,6 @@ class KVBatch:
     """
 
     def __init__(self, model, pad_id: int, rows: Sequence[RowCache | None] | None = None, n: int = 0):
-        from transformers import DynamicCache
-
         self.model = model
         self.pad_id = pad_id
         self.cache_arg = cache_argument(model)
@@ -101,7 +101,7 @@ class KVBatch:
             for i, row in enumerate(rows):
                 if row is not None and row.length:
                     self.mask[i, width - row.length :] = 1
-        self.cache = DynamicCache(data, config=model.config) if data else DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config, data)
         self.forwards = 0  # forward passes run on this batch
 
     def __len__(self) -> int:
@@ -140,7 +140,9 @@ class KVBatch:
         kwargs = {self.cache_arg: self.cache, "use_cache": True}
         if self.keep_last:
             kwargs["logits_to_keep"] = 1
-        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=position, **kwargs)
+        one = ids.shape[1] == 1  # a decode step: its attention is one query a row (lrl.decode_step)
+        with decode_attention(self.model) if one else contextlib.nullcontext():
+            out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=position, **kwargs)
         self.forwards += 1
         return out.logits[:, -1]  # [b, V]
 
