@@ -3,8 +3,9 @@
     python bench/bench_sampling.py                 # the CPU; on a machine with a GPU, the GPU rows too
     python bench/bench_sampling.py --threads 2
 
-Rows: torch.multinomial on the CPU (what a CPU run does at every decode step); the inverse-CDF draw on the CPU (the
-same arithmetic as the GPU path, for comparison); and, with a GPU, the GPU path of ``sample_tokens`` (one seeded
+Rows: torch.multinomial on the CPU (what a CPU run did at every decode step, and still does at a vocabulary of at
+most ``lrl.decoding.MULTINOMIAL_VOCAB`` words); the inverse-CDF draw on the CPU (the same arithmetic as the GPU path);
+``sample_tokens`` itself (the inverse CDF at these vocabularies, with its uniform from the generator); and, with a GPU, the GPU path of ``sample_tokens`` (one seeded
 uniform a row from the CPU generator, the token found on the GPU) against moving the log-probs to the CPU and
 drawing there (what every step did before the GPU path). Milliseconds a decode step, best of ``--repeats``
 rounds in which the draws take turns (bench_engine's ``interleaved``); every draw ends with its tokens on the CPU,
@@ -43,8 +44,9 @@ def main(argv=None) -> None:
 
 def step_costs(logp: torch.Tensor, uniform: torch.Tensor, generator: torch.Generator, repeats: int) -> dict:
     draws = {
-        "cpu: torch.multinomial": (lambda: sample_tokens(logp, generator), None),
+        "cpu: torch.multinomial": (lambda: torch.multinomial(logp.exp(), 1, generator=generator), None),
         "cpu: inverse CDF": (lambda: inverse_cdf_tokens(logp, uniform), None),
+        "cpu: sample_tokens (what a CPU run draws with)": (lambda: sample_tokens(logp, generator), None),
     }
     if torch.cuda.is_available():
         on_gpu = logp.cuda()

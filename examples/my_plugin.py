@@ -57,7 +57,7 @@ def tis_both(logp_trainer, logp_sampler, mask, options):
 
 
 # -- a rejection mask: leave out every episode that holds one token far above mu ----------------------------
-@lrl.masks.register_mask("spike", uses=("high",))
+@lrl.masks.register_mask("spike", uses=("high",), per_row=True)
 def spike(logp_trainer, logp_sampler, mask, advantage, options):
     """drop an episode holding a token whose ratio pi_old/mu is above `high`: [B, T] -> keep [B, T] (bool)"""
     over = (logp_trainer - logp_sampler > math.log(options.high)) & mask.bool()  # [B, T]

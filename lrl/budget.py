@@ -125,6 +125,9 @@ def parameter_count(cfg) -> int:
 TRAIN_HIDDEN, TRAIN_INTERMEDIATE = 12, 6
 SCORE_HIDDEN, SCORE_INTERMEDIATE = 6, 3
 HEAD_TENSORS = 4  # a head chunk's logits, their softmax, and (training) their gradient and a copy
+HEAD_KEPT = (
+    6  # fp32 [tokens, vocab] tensors a training forward keeps through the head when it does not recompute it
+)
 BF16_ACTIVATIONS = (
     0.75  # under bf16 autocast a trained token keeps 1.44 MiB where fp32 keeps 1.93 (SmolLM2-135M)
 )
@@ -153,6 +156,13 @@ class MemoryPlan:
     score_tokens: int | None
     chunked: bool
     step_peak: int = 0
+    vocab: int = 0
+
+    def logits_fit(self, action_tokens: int) -> bool:
+        """Whether a training forward may keep the LM head's fp32 tensors of `action_tokens` positions for its
+        backward (logits, log-softmax and softmax, their gradients: :data:`HEAD_KEPT` of them) beside the
+        step's planned peak, instead of recomputing each chunk of them in the backward pass."""
+        return action_tokens * self.vocab * 4 * HEAD_KEPT <= self.budget - self.step_peak
 
     def describe(self) -> str:
         gib = lambda b: f"{b / 2**30:.1f} GiB"  # noqa: E731
@@ -206,7 +216,7 @@ def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int) -> Me
         batch * cache,
     )
     return MemoryPlan(
-        budget, static, train_token, score_token, head, train_tokens, score_tokens, True, static + step
+        budget, static, train_token, score_token, head, train_tokens, score_tokens, True, static + step, vocab
     )
 
 

@@ -127,7 +127,7 @@ def _loss_rules(cfg) -> list[str]:
     """The loss, the proximal policy and the correction fit together: pg has no ratio to a proximal policy; under
     proximal rollout the clipped and CISPO losses' own ratio pi / mu is the correction (a weight on top would count
     it twice); a correction that reads the whole batch needs every row's pi_old before the first minibatch's loss."""
-    from lrl.registry import CORRECTIONS, MASKS
+    from lrl.weights import whole_batch
 
     problems = []
     if cfg.loss == "pg" and cfg.proximal == "interpolate":
@@ -141,8 +141,7 @@ def _loss_rules(cfg) -> list[str]:
             f"{cfg.correction!r} weights on top would count it twice; use loss pg (whose weights are the "
             "correction), proximal recompute, or a mask"
         )
-    batch = [e.name for e in [CORRECTIONS.get(cfg.correction), *MASKS.chosen(cfg.masks)] if e.batch]
-    batch += ["normalize"] if cfg.normalize else []
+    batch = whole_batch(cfg.weighting)
     if batch and cfg.proximal != "recompute":
         problems.append(
             f"{', '.join(batch)}: reads the whole batch's pi_old before the first minibatch's loss, and proximal "

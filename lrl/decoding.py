@@ -110,17 +110,24 @@ def truncated_log_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: f
     return logp
 
 
+# the largest vocabulary whose tokens a CPU draws with torch.multinomial; above it, by the inverse CDF of one uniform
+# a row (multinomial's cost grows with the vocabulary: at SmolLM2's 49,152 words and 32 rows it took several times
+# the inverse CDF's, bench/bench_sampling.py). The built-in policies' hundred-word vocabularies keep multinomial, so
+# their published seeded runs draw the same tokens as they always have
+MULTINOMIAL_VOCAB = 4096
+
+
 def sample_tokens(logp: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row from exp(logp) -> (tokens [B], their log-probs [B]), on the generator's device.
 
-    Where log-probs and generator share a device (the CPU), ``torch.multinomial`` draws. Where the log-probs are on
-    an accelerator and the generator on the CPU (every sampler's seeded stream), moving the [B, V] log-probs to the
-    CPU at every decode step would cost more than the model's forward (a 151,936-token vocabulary: 18 MB a step, and
-    a one-thread multinomial over it); instead one uniform per row comes from the generator and the token is found
-    where the log-probs are, by :func:`inverse_cdf_tokens`. The stream stays the generator's: a seed repeats a run
-    on the same device.
+    Where log-probs and generator share a device (the CPU) and the vocabulary is small, ``torch.multinomial``
+    draws. Otherwise one uniform per row comes from the generator and the token is found where the log-probs are,
+    by :func:`inverse_cdf_tokens`: on an accelerator, moving the [B, V] log-probs to the CPU generator at every
+    decode step would cost more than the model's forward (a 151,936-token vocabulary: 18 MB a step, and a
+    one-thread multinomial over it); on the CPU, at a real vocabulary, the inverse CDF is the faster exact draw.
+    The stream stays the generator's: a seed repeats a run on the same device.
     """
-    if logp.device == generator.device:
+    if logp.device == generator.device and logp.shape[-1] <= MULTINOMIAL_VOCAB:
         token = torch.multinomial(logp.exp(), 1, generator=generator)  # [B, 1]
         return token.squeeze(1), logp.gather(1, token).squeeze(1)
     uniform = torch.rand(logp.shape[0], 1, generator=generator, dtype=torch.float64, device=generator.device)
@@ -132,12 +139,14 @@ def sample_tokens(logp: torch.Tensor, generator: torch.Generator) -> tuple[torch
 def inverse_cdf_tokens(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """The token of each row whose cumulative mass first exceeds the row's uniform in [0, 1) -> [B, 1].
 
-    The cumulative sum runs in float64, so a token of zero probability (-inf, off a top-k or top-p set) is never
-    chosen: its cumulative mass equals its predecessor's and cannot be the first to exceed the threshold.
+    The probabilities are exp(logp) in fp32 (as ``torch.multinomial`` takes them) and their cumulative sum runs in
+    float64, so no token's share of the mass is lost to rounding however far down the sum it stands, and a token of
+    zero probability (-inf, off a top-k or top-p set) is never chosen: its cumulative mass equals its
+    predecessor's and cannot be the first to exceed the threshold.
     """
-    cdf = logp.double().exp().cumsum(-1)  # [B, V]
+    cdf = logp.float().exp().double().cumsum(-1)  # [B, V]
     total = cdf[:, -1:].contiguous()  # [B, 1]
-    token = torch.searchsorted(cdf, uniform.reshape(-1, 1) * total, right=True)
+    token = torch.searchsorted(cdf, uniform.reshape(-1, 1).to(cdf) * total, right=True)
     # a uniform within 2**-53 of 1 can round the threshold up to the total: the last token of positive mass then
     last = torch.searchsorted(cdf, total)
     return torch.minimum(token, last)

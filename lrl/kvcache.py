@@ -16,12 +16,14 @@ What makes it "engine-style" rather than trainer-style (``lrl.decoding.TrainerSt
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from lrl.decode_step import decode_attention, growing_cache
 from lrl.decoding import context_length, sample_tokens, truncated_log_probs
 
 
@@ -70,8 +72,6 @@ class KVBatch:
     """
 
     def __init__(self, model, pad_id: int, rows: Sequence[RowCache | None] | None = None, n: int = 0):
-        from transformers import DynamicCache
-
         self.model = model
         self.pad_id = pad_id
         self.cache_arg = cache_argument(model)
@@ -101,7 +101,7 @@ class KVBatch:
             for i, row in enumerate(rows):
                 if row is not None and row.length:
                     self.mask[i, width - row.length :] = 1
-        self.cache = DynamicCache(data, config=model.config) if data else DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config, data)
         self.forwards = 0  # forward passes run on this batch
 
     def __len__(self) -> int:
@@ -140,12 +140,15 @@ class KVBatch:
         kwargs = {self.cache_arg: self.cache, "use_cache": True}
         if self.keep_last:
             kwargs["logits_to_keep"] = 1
-        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=position, **kwargs)
+        one = ids.shape[1] == 1  # a decode step: its attention is one query a row (lrl.decode_step)
+        with decode_attention(self.model) if one else contextlib.nullcontext():
+            out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=position, **kwargs)
         self.forwards += 1
         return out.logits[:, -1]  # [b, V]
 
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep only `rows` (in that order): the finished sequences leave the batch and the cache."""
+        """Keep only `rows` (in that order): the finished sequences leave the batch and the cache (a row named
+        more than once is copied)."""
         index = torch.as_tensor(list(rows), dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
@@ -173,7 +176,9 @@ class KVCacheDecoder:
     While the rows of consecutive calls are the same episodes, each bringing one token, a call is one decode
     step on the batch as it is (rows that left are exported first). Any other call (an episode joins, one
     comes back from its tool with an observation) builds a new batch from the rows' kept caches, left-padded
-    to one width, and prefills the unseen tokens of every row in one forward.
+    to one width, and prefills the unseen tokens of every row in one forward. A batch of rows that all start from
+    nothing prefills each distinct sequence once and copies its cache to the rows that share it (the samples of
+    one task share their prompt).
     """
 
     def __init__(self, model, pad_id: int, reuse_cache: bool = True):
@@ -197,10 +202,25 @@ class KVCacheDecoder:
             return self.batch.feed(tokens)  # one decode step
         self._leave(list(range(len(self.keys))), [])
         cached = [self.kept.pop(key, None) if self.reuse_cache else None for key in keys]
-        self.batch = KVBatch(self.model, self.pad_id, cached)
         self.keys = keys
+        if all(r is None for r in cached):
+            return self._prefill_shared([self.seqs[key] for key in keys])
+        self.batch = KVBatch(self.model, self.pad_id, cached)
         seen = [r.length if r is not None else 0 for r in cached]
         return self.batch.feed([self.seqs[key][n:] for key, n in zip(keys, seen)])  # prefill what is new
+
+    def _prefill_shared(self, seqs: list[list[int]]) -> torch.Tensor:
+        """A new batch of rows that start from nothing: each distinct sequence is prefilled once (the samples of one
+        task share their prompt), then its cache and logits are copied to every row that holds it -> [b, V]."""
+        first: dict[tuple[int, ...], int] = {}
+        index = [first.setdefault(tuple(seq), len(first)) for seq in seqs]
+        distinct = list(first)
+        self.batch = KVBatch(self.model, self.pad_id, n=len(distinct))
+        logits = self.batch.feed([list(seq) for seq in distinct])
+        if len(distinct) == len(seqs):
+            return logits
+        self.batch.keep(index)  # every row a copy of its sequence's cache
+        return logits[torch.as_tensor(index, device=logits.device)]
 
     def release(self, keys: Sequence[int]) -> None:
         for key in keys:

@@ -85,12 +85,14 @@ def token_log_probs(
     positions: torch.Tensor | None = None,
     entropy: bool = False,
     chunk: int = CHUNK_TOKENS,
+    checkpoint_head: bool = True,
 ):
     """Trainer-style log-prob of every next token: ids [B, T] -> log-probs [B, T-1] (and entropies [B, T-1]
     when ``entropy``), fp32, differentiable when gradients are enabled.
 
     ``positions`` ([B, T-1] bool): only these positions need to be scored; the others may be 0 (they are
-    when the head runs in chunks).
+    when the head runs in chunks). ``checkpoint_head`` False: with gradients, the head's chunks keep their
+    tensors for the backward pass instead of recomputing them there (where memory allows; the same numbers).
     """
     targets = ids[:, 1:]
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -111,7 +113,7 @@ def token_log_probs(
     logps, ents = [], []
     for start in range(0, len(flat_targets), chunk):
         h, t = flat_hidden[start : start + chunk], flat_targets[start : start + chunk]
-        if grad:
+        if grad and checkpoint_head:
             lp, en = checkpoint(_chunk_scores, head, h, t, temperature, entropy, use_reentrant=False)
         else:
             lp, en = _chunk_scores(head, h, t, temperature, entropy)
@@ -134,15 +136,18 @@ def scored_in_rows(
     temperature: float = 1.0,
     positions: torch.Tensor | None = None,
     max_tokens: int | None = None,
-) -> torch.Tensor:
+    entropy: bool = False,
+):
     """:func:`token_log_probs` without gradients, in forwards of at most `max_tokens` padded tokens (rows of
-    the batch taken in order; None: one forward) -> [B, T-1]."""
+    the batch taken in order; None: one forward) -> [B, T-1] (and the entropies, [B, T-1], with ``entropy``)."""
     rows = len(ids) if not max_tokens else max(1, max_tokens // max(ids.shape[1], 1))
     if rows >= len(ids):
-        return token_log_probs(model, ids, attention_mask, temperature, positions)
+        return token_log_probs(model, ids, attention_mask, temperature, positions, entropy)
     parts = []
     for start in range(0, len(ids), rows):
         sl = slice(start, start + rows)
         pos = positions[sl] if positions is not None else None
-        parts.append(token_log_probs(model, ids[sl], attention_mask[sl], temperature, pos))
+        parts.append(token_log_probs(model, ids[sl], attention_mask[sl], temperature, pos, entropy))
+    if entropy:
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     return torch.cat(parts)

@@ -4,8 +4,9 @@ A mask is a registry entry (``register_mask(name)``, decorating ``fn(logp_traine
 options) -> keep [B, T]`` bool, True for the action tokens the rule keeps), chosen by name in the config's
 ``masks`` list; every chosen mask applies. ``logp_trainer`` is the trainer's side of the ratio (pi_old, or the
 update forward's own log-probs where no pi_old is scored), ``advantage`` the episodes' advantages ``[B]`` and
-``options`` the run's :class:`~lrl.sections.WeightingOptions`. A mask that reads statistics of the whole batch
-registers with ``batch=True``. Which tokens each mask dropped is logged by its name (lrl.metrics).
+``options`` the run's :class:`~lrl.sections.WeightingOptions`. A mask whose decision for a row reads that row
+alone registers with ``per_row=True`` (the step may then decide it in the update's own forward); one that reads
+the whole batch (M2PO's second moment) leaves it False. Which tokens each mask dropped is logged by its name (lrl.metrics).
 
 The divergences are estimates of KL(mu || pi_old) from tokens mu sampled, written with log r = log pi_old - log mu:
 k1 = -log r (signed, unbiased), k2 = (log r)^2 / 2, k3 = r - 1 - log r (>= 0 per token, unbiased). They are
@@ -111,7 +112,7 @@ def _check_kl(cfg) -> list[str]:
     return []
 
 
-@register_mask("kl", uses=("kl_estimator", "kl_level", "kl_threshold"), check=_check_kl)
+@register_mask("kl", uses=("kl_estimator", "kl_level", "kl_threshold"), check=_check_kl, per_row=True)
 def _kl(logp_trainer, logp_sampler, mask, advantage, options) -> torch.Tensor:
     """drop where a k1/k2/k3 estimate of KL(mu || pi_old), per token or per episode, passes kl_threshold"""
     return kl_keep(
@@ -119,13 +120,13 @@ def _kl(logp_trainer, logp_sampler, mask, advantage, options) -> torch.Tensor:
     )
 
 
-@register_mask("opsm", uses=("opsm_threshold",))
+@register_mask("opsm", uses=("opsm_threshold",), per_row=True)
 def _opsm(logp_trainer, logp_sampler, mask, advantage, options) -> torch.Tensor:
     """off-policy sequence mask: drop negative-advantage episodes whose mean log(mu / pi_old) passes opsm_threshold"""
     return opsm_keep(logp_trainer, logp_sampler, mask, advantage, options.opsm_threshold)
 
 
-@register_mask("m2po", uses=("m2_threshold",), batch=True)
+@register_mask("m2po", uses=("m2_threshold",))
 def _m2po(logp_trainer, logp_sampler, mask, advantage, options) -> torch.Tensor:
     """second-moment mask: drop the largest squared log-ratios until the batch's mean is at most m2_threshold"""
     return m2_keep(logp_trainer, logp_sampler, mask, options.m2_threshold)

@@ -86,8 +86,10 @@ def step_metrics(
         **{f"time/{k}": (v, 1.0) for k, v in times.items()},
     }
     if updates:  # per-rank shares of the global minibatch means (lrl.distributed): their rank mean is exact
+        # a minibatch whose weights all turned out 0 took no optimizer step and has no grad_norm
+        keys = dict.fromkeys(k for u in updates for k in u)
         means.update(
-            {f"train/{k}": (torch.stack([u[k] for u in updates]).mean().item(), 1.0) for k in updates[0]}
+            {f"train/{k}": (torch.stack([u[k] for u in updates if k in u]).mean().item(), 1.0) for k in keys}
         )
     else:  # a skipped batch: the objective is exactly 0 and nothing moved
         means.update({f"train/{k}": (0.0, 1.0) for k in UPDATE_KEYS})

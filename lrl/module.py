@@ -6,59 +6,52 @@ pi_old/mu into behavior weights (the configured correction), take ``minibatches`
 per-token advantages ``w * A``, publish the new weights to the rollout source, and publish the step's record
 (:class:`StepRecord`, read by the callbacks) and metrics. ``global_step`` counts sampled batches, which is
 also the policy version. The path of a batch is drawn in docs/architecture.md.
+
+Each piece of work is done once. With one minibatch (and a correction that weighs each row by its own log-probs)
+the update's forward runs on the trainer's current weights, so its log-probs, detached, are pi_old: no separate
+pass (:meth:`OffPolicyModule.fuses_old_logp`). For a model planned in microbatches, rows whose advantage is 0
+(every episode of their group scored the same) stay out of the update's forward and backward: their tokens stay in
+the loss's denominator and only pi_old is computed for them, for the step's metrics.
+
+``--proximal rollout`` and ``interpolate`` (lrl.proximal) score no pi_old at all: each row's correction is made in
+the update's forward, as the fused pi_old's is; ``--loss`` picks clipped, pg or CISPO (lrl.losses).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
 
 import lightning as L
 import torch
 
-from lrl.batch import Batch, to_device
+from lrl.batch import to_device
 from lrl.distributed import Ranks
 from lrl.evaluation import heldout
 from lrl.logprobs import scored_in_rows, token_log_probs
 from lrl.losses import policy_loss
 from lrl.metrics import step_metrics
 from lrl.precision import LossScale, accelerator_device, autocast, resolve_precision
-from lrl.proximal import correction_side, proximal_logp
+from lrl.proximal import forward_correction
 from lrl.stats import policy_shift
+from lrl.step_data import RETAKE, Scored, StepRecord, Stopwatch, merged_ledger
 from lrl.streams import EVALUATION, SHUFFLE, stream_seed
 from lrl.update import (
-    ForwardLog,
     Minibatch,
     NumericalError,
     UpdateGuard,
     UpdatePlan,
+    check_scored,
     learning_rate,
+    live_rows,
     nonfinite,
     not_applied,
     plan_update,
     raise_if_nonfinite,
 )
-from lrl.weights import correct
+from lrl.weights import correct, needs_batch
 
 __all__ = ["OffPolicyModule", "StepRecord", "NumericalError"]
-
-
-@dataclass
-class StepRecord:
-    """What one training step publishes for the callbacks (``module.last_step``)."""
-
-    version: int  # the trainer's policy version at the start of the step: it scored and trained the batch
-    batch: Batch
-    old_logp: torch.Tensor  # [B, T-1] log pi_old, computed before the update
-    weights: torch.Tensor  # [B, T-1] the correction weights that multiplied the advantages
-    metrics: dict[str, float]  # the step's logged metrics, reduced over ranks
-    seen: torch.Tensor | None = None  # [B] rows whose old_logp is the trainer's (None: all; see ForwardLog)
-
-    def monitored_mask(self) -> torch.Tensor:
-        """The action tokens whose old_logp is the trainer's own: [B, T-1] (rows no forward saw left out)."""
-        mask = self.batch["action_mask"]
-        return mask if self.seen is None else mask * self.seen[:, None].to(mask.dtype)
 
 
 class OffPolicyModule(L.LightningModule):
@@ -75,8 +68,14 @@ class OffPolicyModule(L.LightningModule):
         self.source = source
         self.spec = spec
         self.memory = memory  # lrl.budget.MemoryPlan: how many tokens one forward may hold (None: a batch)
+        # rows whose advantage is 0 stay out of the update's forward and backward (exact: they add nothing to the
+        # gradient; their tokens stay in the loss's denominator) where a forward is what a step costs: a model
+        # planned in microbatches. The built-in policies run every row, as they always have, so that their
+        # published seeded runs repeat bit for bit (a different batch shape rounds differently)
+        self.skip_rows = memory is not None and memory.chunked
         self.precision = resolve_precision(cfg.precision, policy, accelerator_device(cfg.accelerator))
-        self.loss_scale = LossScale(self.precision == "fp16")  # fp16's gradients would flush to zero without it
+        # fp16's small gradients would flush to zero without a loss scale
+        self.loss_scale = LossScale(self.precision == "fp16")
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
         self.shuffle = torch.Generator().manual_seed(stream_seed(cfg.seed, SHUFFLE))
@@ -86,9 +85,6 @@ class OffPolicyModule(L.LightningModule):
         self.last_eval: dict | None = None
         self.evals: list[dict] = []  # every held-out evaluation of this process, with its policy version
         self.run_dir: str | None = None  # the run folder (lrl.runs), recorded in checkpoints
-        self.forward_log: ForwardLog | None = (
-            None  # the step's per-forward corrections (proximal not recompute)
-        )
 
     # -- Lightning hooks and workarounds, each with its reason ----------------------------------------
     def on_fit_start(self) -> None:
@@ -108,11 +104,18 @@ class OffPolicyModule(L.LightningModule):
     def configure_optimizers(self):
         update = self.cfg.update
         betas = (update.adam_beta1, 0.999)
-        return torch.optim.Adam(self.policy.parameters(), lr=update.lr, betas=betas, eps=update.adam_eps)
+        # a model planned in microbatches steps Adam in one fused pass over its weights (on a CPU, the loop over
+        # tensors took seconds a step for 135M parameters); the same update to fp32 rounding. The built-in policies
+        # keep the loop, so that their published seeded runs repeat bit for bit
+        fused = True if self.memory is not None and self.memory.chunked else None
+        return torch.optim.Adam(
+            self.policy.parameters(), lr=update.lr, betas=betas, eps=update.adam_eps, fused=fused
+        )
 
     # -- one step ------------------------------------------------------------------------------------
     def training_step(self, deferred, batch_idx):
         opts = self.cfg.update
+        weighting = self.cfg.weighting
         version = self.version
         ranks = Ranks.of(self)
         batch = to_device(
@@ -120,27 +123,37 @@ class OffPolicyModule(L.LightningModule):
         )  # sampled here, after the previous weight sync
         where = f"step {version} (batch {int(batch['index'])})"
         clock = Stopwatch()
-        weighting, mu, mask = self.cfg.weighting, batch["sample_logp"], batch["action_mask"]
-        if opts.proximal == "recompute":  # pi_old scored first; the correction of the whole batch, once
-            old_logp = self.score(batch)
-            fixed = correct(old_logp, mu, mask, batch["advantage"], weighting)
-            weights, dropped, self.forward_log = fixed.weights, fixed.dropped, None  # [B, T-1]
-        else:  # no pi_old forward: each update forward corrects its own rows (lrl.proximal)
-            old_logp, weights, dropped, self.forward_log = mu, mask, None, ForwardLog.start(batch)
+        keep_all = not self.skip_rows or bool(opts.entropy_coef) or opts.target_kl is not None
+        live = live_rows(batch, keep_all)
+        trim = self.skip_rows
+        mu, advantage = batch["sample_logp"], batch["advantage"]
+        if self.fuses_old_logp():  # the rows the update runs get pi_prox and weights from its forward
+            plan = plan_update(batch, None, None, ranks, opts.minibatches, self.shuffle, where, live, trim)
+            if opts.proximal == "recompute":  # the update's forward is pi_old's: score only the rows it skips
+                # a step without signal runs no forward: score every row
+                apart = ~live if plan.signal else None
+                scored = self.score(batch, apart, entropy=plan.signal)
+                others = batch["action_mask"] * (~live[:, None] if plan.signal else 1)
+                fixed = correct(scored.old_logp, mu, others, advantage, weighting)
+                scored.weights, scored.dropped = fixed.weights, fixed.dropped
+                check_scored(scored.old_logp, scored.weights, others.bool(), ranks, where)
+            else:  # no pi_old forward at all: rows no update forward runs stay out of the metrics
+                scored = Scored.unscored(mu)
+        else:
+            scored = self.score(batch, None, entropy=bool(live.any()))
+            fixed = correct(scored.old_logp, mu, batch["action_mask"], advantage, weighting)
+            scored.weights, scored.dropped = fixed.weights, fixed.dropped
+            plan = plan_update(
+                batch, scored.old_logp, scored.weights, ranks, opts.minibatches, self.shuffle, where, live
+            )
         clock.lap("old_logp")
-        plan = plan_update(batch, old_logp, weights, ranks, opts.minibatches, self.shuffle, where)
         guard = UpdateGuard(self.policy, self.optimizers().optimizer) if opts.max_step_kl else None
         # frozen: Adam with lr 0 moves nothing
         lr = 0.0 if opts.freeze_policy else learning_rate(opts, version, self.cfg.max_steps)
-        updates = self.update(plan, ranks, lr)
+        updates = self.update(plan, ranks, lr, scored)
+        old_logp, weights = scored.old_logp, scored.weights
         clock.lap("update")
-        seen = None
-        if self.forward_log is not None:  # the trainer's side of the mismatch, from the update's own forwards
-            log = self.forward_log
-            old_logp, weights, seen, dropped = log.logp, log.weights, log.seen, log.dropped
-        shift = None
-        if opts.step_kl:  # over the rows whose old_logp is the trainer's own
-            shift = self.measure_shift(batch, old_logp, seen)
+        shift = self.measure_shift(batch, old_logp, scored.seen) if opts.step_kl else None
         clock.lap("shift")  # the step's KL, measured with one more forward pass
         control = {"train/lr": lr, "train/minibatches_done": len(updates or [])}
         if guard is not None:  # the whole step moved the policy too far on its own batch: take it back
@@ -148,13 +161,21 @@ class OffPolicyModule(L.LightningModule):
         self.version += 1
         self.source.publish(self.policy, self.version)  # the weight sync
         clock.lap("sync")
+        laps, dropped, seen = clock.laps, scored.dropped, scored.seen
         means, maxes = step_metrics(
-            batch, old_logp, weights, updates, version, weighting, clock.laps, shift, control, dropped, seen
+            batch, old_logp, weights, updates, version, weighting, laps, shift, control, dropped, seen
         )
         metrics = ranks.weighted_means(means, maxes)
         self.publish(StepRecord(version, batch, old_logp, weights, metrics, seen))
 
-    def update(self, plan: UpdatePlan, ranks: Ranks, lr: float) -> list[dict] | None:
+    def fuses_old_logp(self) -> bool:
+        """Whether pi_prox and the weights come from the update's own forward: always without a pi_old pass
+        (proximal rollout, interpolate); with recompute where one minibatch on the current weights is pi_old's
+        forward and each row's weights read that row alone (one reading the whole batch needs pi_old first)."""
+        opts = self.cfg.update
+        return opts.proximal != "recompute" or (opts.minibatches == 1 and not needs_batch(self.cfg.weighting))
+
+    def update(self, plan: UpdatePlan, ranks: Ranks, lr: float, scored: Scored) -> list[dict] | None:
         """The step's minibatch updates (None: no advantage signal, nothing to learn), stopped early once the
         policy has moved past ``target_kl`` on the minibatch about to be used."""
         optimizer = self.optimizers()
@@ -164,13 +185,15 @@ class OffPolicyModule(L.LightningModule):
         if plan.signal:
             updates = []
             for mb in plan.minibatches:
-                stats = self.minibatch_update(mb, ranks)
+                stats = self.minibatch_update(mb, ranks, scored)
                 while stats is RETAKE:  # fp16: a gradient overflowed at the loss scale, now halved
-                    stats = self.minibatch_update(mb, ranks)
+                    stats = self.minibatch_update(mb, ranks, scored)
                 if stats is None:
                     break
                 updates.append(stats)
-        else:
+        moved = [u.pop("moved") for u in updates or []]
+        if not any(m > 0 for m in moved):  # no token carried an advantage
+            updates = None
             self.skipped += 1
         # one step through Lightning's optimizer wrapper per sampled batch, so that global_step counts batches
         # (the minibatches step the torch optimizer directly); with no gradient left, Adam changes nothing
@@ -178,27 +201,30 @@ class OffPolicyModule(L.LightningModule):
         optimizer.step()
         return updates
 
-    def minibatch_update(self, mb: Minibatch, ranks: Ranks) -> dict[str, torch.Tensor] | None:
+    def minibatch_update(self, mb: Minibatch, ranks: Ranks, scored: Scored) -> dict[str, torch.Tensor] | None:
         """One clipped update on this rank's rows of a minibatch -> its statistics (shares of the global mean),
         or None when the policy already moved past ``target_kl`` (the update is not taken).
 
         The rows go through the model in microbatches that fit the memory plan (one, for the built-in
         policies), each backward adding its share of the minibatch's per-token mean to the gradient. NaN/inf
         stops the step before the microbatch's backward; the KL target is checked on the whole minibatch before
-        the optimizer steps, so a stopped minibatch changes no weight."""
+        the optimizer steps, so a stopped minibatch changes no weight. Where pi_old is made by this forward
+        (``mb.old_logp`` None) a minibatch in which no token carries an advantage takes no optimizer step."""
         optimizer = self.optimizers()
         optimizer.zero_grad()
         parts = self.microbatches(mb, ranks)
-        local_tokens = mb.action_mask.sum()
+        local_tokens = mb.local_tokens
         share = ranks.loss_share(local_tokens, mb.global_tokens)
         st: dict[str, torch.Tensor] = {}
         kl = 0.0
+        moved = 0.0
         for rows in parts:
-            loss, part_st, bad = self.microbatch_loss(mb, rows, local_tokens, share)
-            checked = [*(float(v) for v in bad.values()), float(part_st["approx_kl"])]
+            loss, part_st, bad, carried = self.microbatch_loss(mb, rows, local_tokens, share, scored)
+            checked = [*(float(v) for v in bad.values()), float(part_st["approx_kl"]), carried]
             totals = ranks.all_reduce(torch.tensor(checked, dtype=torch.float64)).tolist()
             raise_if_nonfinite(bad, totals[: len(bad)], mb.where, applied=mb.index)
-            kl += totals[-1]
+            kl += totals[-2]
+            moved += totals[-1]
             if len(parts) == 1 and self.past_target(mb, kl):
                 return None  # KL(pi_old || pi) on this minibatch, before its update, is past the target
             for key, value in part_st.items():
@@ -207,6 +233,13 @@ class OffPolicyModule(L.LightningModule):
         if len(parts) > 1 and self.past_target(mb, kl):
             optimizer.zero_grad()
             return None
+        if scored.entropy is not None and "entropy" in st:  # the rows that stayed out, at pi_old
+            others = scored.entropy[mb.others].sum() / local_tokens.clamp(min=1) * share
+            st["entropy"] = st["entropy"] + others.to(st["entropy"])
+        st["moved"] = torch.tensor(moved)
+        if mb.old_logp is None and moved == 0:  # every weight of the minibatch turned out 0: nothing to step
+            optimizer.zero_grad()
+            return {k: v.detach() for k, v in st.items()}
         if not self.loss_scale.unscale(self.policy.parameters()):
             optimizer.zero_grad()
             return RETAKE
@@ -226,9 +259,11 @@ class OffPolicyModule(L.LightningModule):
         target = self.cfg.update.target_kl
         return target is not None and mb.index > 0 and kl > target
 
-    def microbatch_loss(self, mb: Minibatch, rows: slice | None, local_tokens, share: float):
+    def microbatch_loss(self, mb: Minibatch, rows: slice | None, local_tokens, share: float, scored: Scored):
         """Loss of one microbatch (``rows`` of the minibatch; None: this rank holds none of it) -> the loss,
-        its statistics and NaN/inf counts, scaled to their shares of the minibatch's global per-token mean."""
+        its statistics and NaN/inf counts, scaled to their shares of the global per-token mean, and the count of
+        its tokens that carry an advantage. Where ``mb.old_logp`` is None, pi_old is this forward's own log-probs
+        (detached), and the correction's weights are made from them here."""
         opts = self.cfg.update
         if rows is not None:
             mask = mb.action_mask[rows]
@@ -240,47 +275,48 @@ class OffPolicyModule(L.LightningModule):
                     self.cfg.sampling.temperature,
                     positions=mask.bool(),
                     entropy=True,
+                    checkpoint_head=self.checkpoint_head(mask),
                 )
-            old, token_adv = self.proximal_and_advantage(mb, rows, logp, mask)
-            loss, st = policy_loss(opts.loss, logp, old, token_adv, mask, opts.eps_low, opts.eps_high)
+            bad = {"logp (log pi)": nonfinite(logp[mask.bool()])}
+            if mb.old_logp is None:  # pi_prox and the weights from this forward (pi_old's, with recompute)
+                old_logp, side, fixed = forward_correction(self.cfg, mb, rows, logp, self.version)
+                weights, token_adv = fixed.weights, mb.advantage[rows, None] * fixed.weights
+                scored.fill(mb.rows[rows], side, weights, fixed.dropped, exact=mb.index == 0)
+                bad = {
+                    "old_logp (log pi_old)": nonfinite(old_logp[mask.bool()]),
+                    "weights": nonfinite(weights[mask.bool()]),
+                }
+            else:
+                old_logp, token_adv = mb.old_logp[rows], mb.token_adv[rows]
+            loss, st = policy_loss(opts.loss, logp, old_logp, token_adv, mask, opts.eps_low, opts.eps_high)
             entropy = (ent * mask).sum() / mask.sum().clamp(min=1.0)
             if opts.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
                 loss = loss - opts.entropy_coef * entropy
             st["entropy"] = entropy.detach()
-            on = mask.bool()
-            bad = {
-                "logp (log pi)": nonfinite(logp[on]),
-                "weights": nonfinite(token_adv[on]),
-                "loss": nonfinite(loss),
-            }
-            part = 1.0 if rows == slice(None) else float(mask.sum() / local_tokens.clamp(min=1))
+            bad["loss"] = nonfinite(loss)
+            part = float(mask.sum() / local_tokens.clamp(min=1))
+            carried = float((token_adv * mask).ne(0).sum())
         else:  # this rank has no rows in the minibatch: a zero loss keeps the gradient all-reduce in step
             loss = sum(p.sum() for p in self.policy.parameters()) * 0.0
             st = {k: torch.zeros((), device=self.device) for k in ("clip_frac", "approx_kl", "entropy")}
-            bad = {"logp (log pi)": 0, "weights": 0, "loss": 0}
+            bad = {"logp (log pi)": 0, "loss": 0}
+            if mb.old_logp is None:
+                bad = {"old_logp (log pi_old)": 0, "weights": 0, "loss": 0}
             part = 1.0
+            carried = 0.0
         scale = share * part
         if scale != 1.0:  # this rank's (and microbatch's) share of the global per-token mean
             loss = loss * scale
             st = {k: v * scale for k, v in st.items()}
         st["loss"] = loss.detach()
-        return loss, st, bad
+        return loss, st, bad, carried
 
-    def proximal_and_advantage(self, mb: Minibatch, rows: slice, logp, mask):
-        """log pi_prox and the per-token advantage w * A of a microbatch's rows: the step's own where pi_old was
-        scored before the update; else from this forward (lrl.proximal), its correction kept for the metrics."""
-        opts = self.cfg.update
-        if self.forward_log is None:
-            return mb.old_logp[rows], mb.token_adv[rows]
-        mu = mb.sample_logp[rows]
-        progress = (
-            mb.index / mb.count
-        )  # the share of the step's updates the weights took before this minibatch
-        prox = proximal_logp(opts.proximal, None, logp, mu, mb.version[rows], self.version, progress)
-        side = correction_side(opts.proximal, prox, logp)  # rollout: this forward's own log-probs against mu
-        fixed = correct(side, mu, mask, mb.advantage[rows], self.cfg.weighting)
-        self.forward_log.record(mb.rows[rows], side, fixed.weights, fixed.dropped, exact=mb.index == 0)
-        return prox, mb.advantage[rows][:, None] * fixed.weights
+    def checkpoint_head(self, mask: torch.Tensor) -> bool:
+        """Whether the LM head recomputes its chunks in the backward pass: only where the memory plan says the
+        logits of a forward's action tokens do not fit (without a plan: never)."""
+        if self.memory is None:
+            return False
+        return not self.memory.logits_fit(int(mask.sum()))
 
     def microbatches(self, mb: Minibatch, ranks: Ranks) -> list[slice | None]:
         """The minibatch's rows in forwards that fit the memory plan: one slice of all rows without a plan or
@@ -299,24 +335,42 @@ class OffPolicyModule(L.LightningModule):
         return parts + [None] * (count - len(parts))
 
     @torch.no_grad()
-    def score(self, batch) -> torch.Tensor:
-        """log pi_old of the batch's tokens: the trainer's weights and arithmetic, in forwards that fit
-        (the action positions are the ones that count) -> [B, T-1]."""
+    def score(self, batch, rows: torch.Tensor | None = None, entropy: bool = False) -> Scored:
+        """log pi_old of the batch's tokens (of ``rows`` only, a [B] bool; 0 elsewhere, for the update to fill):
+        the trainer's weights and arithmetic, in forwards that fit (the action positions are the ones that
+        count) -> :class:`Scored` (and the entropies of the same positions, with ``entropy``)."""
+        positions = batch["action_mask"].bool()
+        out = Scored(positions.new_zeros(positions.shape, dtype=torch.float32))
+        if entropy:
+            out.entropy = torch.zeros_like(out.old_logp)
+        index = torch.arange(len(positions), device=positions.device)
+        index = index if rows is None else index[rows.to(positions.device)]
+        if not len(index):
+            return out
+        width = int(batch["attention_mask"][index].sum(-1).max())  # right padding no row of them uses is cut
         with autocast(self.precision, self.device):
-            return scored_in_rows(
+            scores = scored_in_rows(
                 self.policy,
-                batch["ids"],
-                batch["attention_mask"],
+                batch["ids"][index, :width],
+                batch["attention_mask"][index, :width],
                 self.cfg.sampling.temperature,
-                positions=batch["action_mask"].bool(),
+                positions=positions[index, : width - 1],
                 max_tokens=self.memory.score_tokens if self.memory is not None else None,
+                entropy=entropy,
             )
+        logp, ent = scores if entropy else (scores, None)
+        on = positions[index, : width - 1]
+        out.old_logp[index, : width - 1] = torch.where(on, logp, 0.0)
+        if entropy:
+            out.entropy[index, : width - 1] = torch.where(on, ent, 0.0)
+        return out
 
     @torch.no_grad()
     def measure_shift(self, batch, old_logp, seen=None) -> dict[str, float]:
-        """How far the whole step moved the policy on its own batch, last minibatch included (lrl.stats)."""
+        """How far the whole step moved the policy on its own batch, last minibatch included (lrl.stats), over the
+        rows whose old_logp is pi_old (`seen`, None: all)."""
         mask = batch["action_mask"] if seen is None else batch["action_mask"] * seen[:, None]
-        return policy_shift(old_logp, self.score(batch), mask)
+        return policy_shift(old_logp, self.score(batch).old_logp, mask)
 
     def publish(self, record: StepRecord) -> None:
         """Keep the step's record for the callbacks, append it to the history, log its metrics."""
@@ -391,38 +445,3 @@ class OffPolicyModule(L.LightningModule):
             # stepped by the policy version, so the held-out point sits at the update count it measures
             self.logger.log_metrics({f"val/{k}": float(stats[k]) for k in keys}, step=self.version)
         return stats
-
-
-RETAKE = object()  # minibatch_update's answer when fp16's loss scale overflowed: the minibatch is taken again
-
-
-class Stopwatch:
-    """Seconds between laps: ``laps["old_logp"]`` is the time from the previous lap (or creation) to it."""
-
-    def __init__(self):
-        self.laps: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps[name] = now - self._last
-        self._last = now
-
-
-def merged_ledger(ranks: Ranks, own: dict) -> dict:
-    """Every rank's ledger of the step as one: ids and per-group seconds concatenated in rank order, token counts
-    per staleness summed. Every rank calls it (a collective under DDP), so every rank's history holds it all."""
-    if not own or ranks.world == 1:  # sync mode has no ledger on any rank: no collective on the hot path
-        return own
-    parts = ranks.gather_objects(own)
-    out: dict = {}
-    for part in parts:
-        for key, value in part.items():
-            if key == "staleness_counts":
-                sums = out.setdefault(key, [])
-                sums.extend([0] * (len(value) - len(sums)))
-                for k, c in enumerate(value):
-                    sums[k] += c
-            else:
-                out.setdefault(key, []).extend(value)
-    return out

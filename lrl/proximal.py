@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from lrl.weights import Correction, correct
+
 PROXIMALS = ("recompute", "rollout", "interpolate")
 
 
@@ -59,3 +61,15 @@ def correction_side(kind: str, proximal, logp_current):
     """The trainer's log-probs the correction and the masks compare with mu: pi_prox, except where pi_prox is mu
     itself (rollout), where they are the update forward's own, detached: [B, T] -> [B, T]."""
     return logp_current.detach() if kind == "rollout" else proximal
+
+
+def forward_correction(cfg, mb, rows, logp, version: int) -> tuple[torch.Tensor, torch.Tensor, Correction]:
+    """pi_prox, the trainer's side the correction compared with mu, and the correction of a microbatch's rows, from
+    the update's forward `logp` (``mb`` an lrl.update.Minibatch, ``rows`` its microbatch, ``version`` pi_old's;
+    with recompute this forward runs on pi_old's weights, so its log-probs detached are pi_old)."""
+    kind = cfg.update.proximal
+    mu = mb.sample_logp[rows]
+    progress = mb.index / mb.count  # the share of the step's updates the weights took before this minibatch
+    prox = proximal_logp(kind, logp.detach(), logp, mu, mb.version[rows], version, progress)
+    side = correction_side(kind, prox, logp)  # rollout: this forward's own log-probs against mu
+    return prox, side, correct(side, mu, mb.action_mask[rows], mb.advantage[rows], cfg.weighting)

@@ -35,9 +35,9 @@ class Entry:
     defaults: tuple[tuple[str, object], ...] = ()  # config values this entry sets where the user set none
     check_model: Callable | None = None  # (cfg, spec, model) -> problems: a model the entry cannot run
     instructions: str = ""  # environments: a chat model's system message, unless --system-prompt replaces it
-    batch: bool = (
-        False  # corrections and masks: reads statistics of the whole batch (every row's pi_old first)
-    )
+    # corrections and masks: a row's weights depend on that row's log-probs alone, so a step may make them piece
+    # by piece from its update's own forward (lrl.module); False (a plugin's default) scores the whole batch first
+    per_row: bool = False
 
 
 class Registry(Mapping):
@@ -65,7 +65,7 @@ class Registry(Mapping):
         defaults=None,
         check_model: Callable | None = None,
         instructions: str = "",
-        batch: bool = False,
+        per_row: bool = False,
     ):
         """Decorator: make `fn` available under `name`; a name registered twice is an error.
 
@@ -73,8 +73,8 @@ class Registry(Mapping):
         ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit);
         ``check_model(cfg, spec, model) -> list[str]``: models it cannot run (checked before the run starts);
         ``instructions``: an environment's instructions to a chat model, its system message;
-        ``batch``: a correction or mask that reads statistics of the whole batch (a batch mean, a batch's second
-        moment), so every row's pi_old must be known before the first minibatch's loss.
+        ``per_row``: a correction or mask whose decision for a row reads that row's log-probs alone (see
+        :class:`Entry`); one that reads the whole batch (a batch mean, a batch's second moment) leaves it False.
         """
         if not isinstance(name, str) or not _is_name(name):
             raise RegistryError(
@@ -89,7 +89,7 @@ class Registry(Mapping):
             doc = help or (fn.__doc__ or "").strip().split("\n")[0]
             defaults_ = tuple((defaults or {}).items())
             self.entries[name] = Entry(
-                name, fn, tuple(uses), check, doc, defaults_, check_model, instructions, batch
+                name, fn, tuple(uses), check, doc, defaults_, check_model, instructions, per_row
             )
             return fn
 

@@ -44,56 +44,39 @@ def raise_if_nonfinite(counts: dict[str, int], totals: list[float], where: str, 
             )
 
 
+def check_scored(old_logp, weights, on: torch.Tensor, ranks: Ranks, where: str) -> None:
+    """NaN/inf in pi_old or the weights at the positions `on` ([B, T-1] bool) of any rank stops the step."""
+    counts = {"old_logp (log pi_old)": nonfinite(old_logp[on]), "weights": nonfinite(weights[on])}
+    totals = ranks.all_reduce(torch.tensor([float(c) for c in counts.values()], dtype=torch.float64))
+    raise_if_nonfinite(counts, totals.tolist(), where)
+
+
 @dataclass
 class Minibatch:
-    """One clipped update's inputs: this rank's rows of minibatch `index` and the global token count."""
+    """One clipped update's inputs: the rows of minibatch `index` that go through the model, and its token counts.
+
+    ``rows`` are the minibatch's rows that can move the weights (its *live* rows: a row whose advantage is 0 adds
+    nothing to the gradient when the loss has no entropy term); the others stay out of the forward and backward
+    but their tokens stay in ``local_tokens`` and ``global_tokens``, the loss's denominators, so the gradient is
+    the one of the whole minibatch. ``old_logp`` and ``token_adv`` are None where pi_old is taken from the
+    update's own forward (one minibatch on the trainer's current weights: the two are the same numbers)."""
 
     index: int
     last: bool  # the step's last minibatch (it steps through Lightning's optimizer wrapper)
-    ids: torch.Tensor  # [b, T]
-    attention_mask: torch.Tensor  # [b, T]
-    action_mask: torch.Tensor  # [b, T-1]
-    old_logp: torch.Tensor  # [b, T-1] log pi_old
-    token_adv: torch.Tensor  # [b, T-1] per-token advantage w * A
+    rows: torch.Tensor  # [b] the rows of the batch (this rank's) that go through the model
+    others: torch.Tensor  # [k] the minibatch's other rows: no gradient can come from them
+    ids: torch.Tensor  # [b, T'] (T' <= T: the padding columns no row of them uses are cut)
+    attention_mask: torch.Tensor  # [b, T']
+    action_mask: torch.Tensor  # [b, T'-1]
+    old_logp: torch.Tensor | None  # [b, T'-1] log pi_old (None: from the update's own forward)
+    token_adv: torch.Tensor | None  # [b, T'-1] per-token advantage w * A (None: made with old_logp)
+    advantage: torch.Tensor  # [b]
+    sample_logp: torch.Tensor  # [b, T'-1] log mu
+    local_tokens: torch.Tensor  # [] action tokens of the whole minibatch on this rank, live rows or not
     global_tokens: torch.Tensor  # [] action tokens of this minibatch over all ranks
     where: str  # "step 3 (batch 3), minibatch 1", for error messages
-    rows: torch.Tensor | None = None  # [b] the rows' indices in the batch
-    sample_logp: torch.Tensor | None = None  # [b, T-1] log mu
-    version: torch.Tensor | None = None  # [b, T-1] the weight version of every token
-    advantage: torch.Tensor | None = None  # [b] the episodes' advantages
+    version: torch.Tensor | None = None  # [b, T'-1] the weight version of every token
     count: int = 1  # minibatches of the step
-
-
-@dataclass
-class ForwardLog:
-    """What the update forwards decided where no pi_old is scored before the update (proximal rollout or
-    interpolate): per row of the batch, the trainer's log-probs the correction compared with mu, its weights and
-    what each rule dropped. ``seen`` marks the rows of the first minibatch, whose forward ran on pi_old's weights:
-    their log-probs are pi_old's, and the mismatch metrics are measured on them (all rows with one minibatch, a
-    random 1/M of the batch with M); a later minibatch's forward runs on weights the step already moved."""
-
-    logp: torch.Tensor  # [B, T-1] the forward's own log-probs, detached (mu where no forward saw the row)
-    weights: torch.Tensor  # [B, T-1]
-    seen: torch.Tensor  # [B] bool: rows the forward scored with pi_old's weights
-    dropped: dict[str, torch.Tensor]  # reason -> bool [B, T-1]
-
-    @classmethod
-    def start(cls, batch: Batch) -> ForwardLog:
-        mu = batch["sample_logp"]
-        seen = torch.zeros(len(mu), dtype=torch.bool, device=mu.device)
-        return cls(mu.detach().clone(), torch.zeros_like(mu), seen, {})
-
-    def record(self, rows, logp, weights, dropped: dict, exact: bool) -> None:
-        """Keep one microbatch's decisions: `rows` [b] batch indices, the rest [b, T-1]; `exact` when its forward
-        ran on pi_old's weights (the first minibatch)."""
-        rows = rows.to(self.logp.device)
-        self.logp[rows] = logp.detach().to(self.logp.dtype)
-        self.weights[rows] = weights.detach().to(self.weights.dtype)
-        self.seen[rows] = exact
-        for reason, gone in dropped.items():
-            if reason not in self.dropped:
-                self.dropped[reason] = torch.zeros(self.logp.shape, dtype=torch.bool, device=self.logp.device)
-            self.dropped[reason][rows] = gone
 
 
 @dataclass
@@ -102,22 +85,50 @@ class UpdatePlan:
     signal: bool  # False: no token of any rank carries an advantage, the step is skipped
 
 
+def live_rows(batch: Batch, keep_all: bool) -> torch.Tensor:
+    """[B] bool: the rows that can move the weights, those with a nonzero advantage and an action token; every
+    row with ``keep_all`` (a term that reaches all of them: an entropy bonus, a KL target measured on the whole
+    minibatch; or a step that runs every row as it is)."""
+    if keep_all:
+        return torch.ones(len(batch["advantage"]), dtype=torch.bool, device=batch["advantage"].device)
+    return batch["action_mask"].bool().any(-1) & batch["advantage"].ne(0)
+
+
 def plan_update(
-    batch: Batch, old_logp, weights, ranks: Ranks, n_minibatches: int, shuffle: torch.Generator, where: str
+    batch: Batch,
+    old_logp,
+    weights,
+    ranks: Ranks,
+    n_minibatches: int,
+    shuffle: torch.Generator,
+    where: str,
+    live: torch.Tensor | None = None,
+    trim: bool = False,
 ) -> UpdatePlan:
-    """NaN/inf checks of the batch and its minibatch records (one all-reduce for both)."""
+    """NaN/inf checks of the batch and its minibatch records (one all-reduce for both).
+
+    ``old_logp`` and ``weights`` None: pi_old comes from the update's own forward, where the log-probs and the
+    weights are checked as they are made; the signal is then the advantages' (a step whose weights all turn out
+    0 is found to have none after its forward). ``live`` ([B] bool): the rows that go through the model;
+    ``trim``: a minibatch's padding columns that none of its rows uses are cut."""
     mask = batch["action_mask"]
     on = mask.bool()
-    token_adv = batch["advantage"][:, None] * weights  # [B, T-1]
+    live = torch.ones(len(mask), dtype=torch.bool) if live is None else live.cpu()
     chunks = ranks.minibatch_rows(len(batch["ids"]), n_minibatches, shuffle)
-    checked = {
-        "sample_logp (log mu)": batch["sample_logp"][on],
-        "old_logp (log pi_old)": old_logp[on],
-        "weights": weights[on],
-        "advantage": batch["advantage"],
-    }
+    checked = {"sample_logp (log mu)": batch["sample_logp"][on]}
+    if old_logp is not None:
+        token_adv = batch["advantage"][:, None] * weights  # [B, T-1]
+        checked.update({"old_logp (log pi_old)": old_logp[on], "weights": weights[on]})
+        signal = float(
+            (token_adv * mask)[live.to(mask.device)].ne(0).any()
+        )  # some token carries an advantage
+    else:
+        token_adv = None
+        signal = float(
+            (batch["advantage"][live.to(mask.device)] * on[live.to(mask.device)].any(-1)).ne(0).any()
+        )
+    checked["advantage"] = batch["advantage"]
     counts = {name: nonfinite(x) for name, x in checked.items()}
-    signal = float((token_adv * mask).ne(0).any())  # some token carries an advantage
     local = torch.tensor([float(c) for c in counts.values()] + [signal], dtype=torch.float64)
     tokens = (
         torch.stack([mask[rows].sum() for rows in chunks]).double().cpu()
@@ -125,25 +136,31 @@ def plan_update(
     summed = ranks.all_reduce(torch.cat([local, tokens]))
     raise_if_nonfinite(counts, summed.tolist(), where)
     global_tokens = summed[len(local) :]
-    minibatches = [
-        Minibatch(
-            i,
-            i == len(chunks) - 1,
-            batch["ids"][rows],
-            batch["attention_mask"][rows],
-            mask[rows],
-            old_logp[rows],
-            token_adv[rows],
-            global_tokens[i],
-            f"{where}, minibatch {i}",
-            rows,
-            batch["sample_logp"][rows],
-            batch["version"][rows],
-            batch["advantage"][rows],
-            len(chunks),
+    minibatches = []
+    for i, chunk in enumerate(chunks):
+        rows, others = chunk[live[chunk]], chunk[~live[chunk]]
+        width = int(batch["attention_mask"][rows].sum(-1).max()) if len(rows) and trim else mask.shape[1] + 1
+        cols = slice(0, max(width, 1))
+        minibatches.append(
+            Minibatch(
+                i,
+                i == len(chunks) - 1,
+                rows,
+                others,
+                batch["ids"][rows, cols],
+                batch["attention_mask"][rows, cols],
+                mask[rows, : cols.stop - 1],
+                old_logp[rows, : cols.stop - 1] if old_logp is not None else None,
+                token_adv[rows, : cols.stop - 1] if token_adv is not None else None,
+                batch["advantage"][rows],
+                batch["sample_logp"][rows, : cols.stop - 1],
+                tokens[i],
+                global_tokens[i],
+                f"{where}, minibatch {i}",
+                batch["version"][rows, : cols.stop - 1],
+                len(chunks),
+            )
         )
-        for i, rows in enumerate(chunks)
-    ]
     return UpdatePlan(minibatches, summed[len(counts)].item() > 0)
 
 

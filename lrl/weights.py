@@ -101,32 +101,33 @@ class Correction:
     )  # reason -> bool [B, T], action tokens it dropped
 
 
-def needs_batch(options: WeightingOptions) -> bool:
-    """True when the correction reads statistics of the whole batch (a batch mean, a batch's second moment), so
-    every row's pi_old must be scored before the first minibatch's loss."""
+def whole_batch(options: WeightingOptions) -> list[str]:
+    """What in the correction reads the whole batch (a batch mean, a batch's second moment: a correction or mask not
+    registered ``per_row``, and ``normalize``), so that every row's pi_old must be scored before the first
+    minibatch's loss -> their names (empty: each row's weights read that row alone)."""
     entries = [CORRECTIONS.get(options.correction), *MASKS.chosen(options.masks)]
-    return options.normalize or any(e.batch for e in entries)
+    return [e.name for e in entries if not e.per_row] + (["normalize"] if options.normalize else [])
 
 
-def correct(
-    logp_trainer, logp_sampler, mask, advantage, options: WeightingOptions, reweight: bool = True
-) -> Correction:  # advantage: [B], or None where no chosen mask reads it
-    """The weight of every action token, and why tokens were dropped: [B, T] (advantage [B]) -> :class:`Correction`.
+def needs_batch(options: WeightingOptions) -> bool:
+    """True when the correction reads the whole batch (:func:`whole_batch`)."""
+    return bool(whole_batch(options))
 
-    The correction named by ``options.correction`` gives the weights (``reweight=False``: the action mask, where
-    the loss's own ratio already carries pi/mu), ``normalize`` divides them by their batch mean, then every mask
-    of ``options.masks`` and the ``veto`` zero what they reject. ``dropped`` holds, by reason, the action tokens a
+
+def correct(logp_trainer, logp_sampler, mask, advantage, options: WeightingOptions) -> Correction:
+    """The weight of every action token, and why tokens were dropped: [B, T] (advantage [B], or None where no chosen
+    mask reads it) -> :class:`Correction`.
+
+    The correction named by ``options.correction`` gives the weights, ``normalize`` divides them by their batch
+    mean, then every mask of ``options.masks`` and the ``veto`` zero what they reject. ``dropped`` holds, by reason, the action tokens a
     rule zeroed: the correction's name where its weight is 0 (MIS outside its band), each mask's name, ``veto``.
     """
     on = mask.bool()
     dropped: dict[str, torch.Tensor] = {}
-    if reweight:
-        weights = CORRECTIONS.get(options.correction).factory(logp_trainer, logp_sampler, mask, options)
-        zero = on & (weights == 0)
-        if zero.any():
-            dropped[options.correction] = zero
-    else:
-        weights = mask.to(logp_trainer.dtype)
+    weights = CORRECTIONS.get(options.correction).factory(logp_trainer, logp_sampler, mask, options)
+    zero = on & (weights == 0)
+    if zero.any():
+        dropped[options.correction] = zero
     if options.normalize:
         weights = normalize_weights(weights, mask, options.level)
     keep = on
@@ -153,19 +154,19 @@ def behavior_weights(
     return correct(logp_trainer, logp_sampler, mask, advantage, options).weights
 
 
-@register_correction("none")
+@register_correction("none", per_row=True)
 def _none(logp_trainer, logp_sampler, mask, options) -> torch.Tensor:
     """ignore mu: the weights are the action mask (the trainer-only update)"""
     return mask.to(logp_trainer.dtype)
 
 
-@register_correction("tis", uses=("cap", "level"))
+@register_correction("tis", uses=("cap", "level"), per_row=True)
 def _tis(logp_trainer, logp_sampler, mask, options) -> torch.Tensor:
     """truncated IS: min(pi_old/mu, cap) at the ratio's level"""
     return tis_weights(logp_trainer, logp_sampler, mask, options.cap, options.level)
 
 
-@register_correction("mis", uses=("low", "high", "level"))
+@register_correction("mis", uses=("low", "high", "level"), per_row=True)
 def _mis(logp_trainer, logp_sampler, mask, options) -> torch.Tensor:
     """masked IS (IcePop): pi_old/mu inside [low, high] at the ratio's level, else 0"""
     return mis_weights(logp_trainer, logp_sampler, mask, options.low, options.high, options.level)

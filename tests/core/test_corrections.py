@@ -190,15 +190,6 @@ def test_correct_composes_weights_masks_and_veto_and_names_what_each_dropped():
     assert shares["mis"] == pytest.approx((4 / 13, 0.0))
 
 
-def test_reweight_off_keeps_the_action_mask_as_the_weights():
-    lt, ls, mask = tensors()
-    cfg = Config(correction="tis", masks=["kl"], kl_level="token", kl_threshold=0.01)
-    result = correct(lt, ls, mask, torch.zeros(4), cfg.weighting, reweight=False)
-    keep = ref_kl_keep(GAPS, "k3", "token", 0.01)
-    assert result.weights.tolist() == [[1.0 if k else 0.0 for k in row] for row in keep]
-    assert "tis" not in result.dropped
-
-
 def test_which_choices_need_the_whole_batch_first():
     assert not needs_batch(Config().weighting)
     assert not needs_batch(Config(correction="tis", masks=["kl", "opsm"]).weighting)

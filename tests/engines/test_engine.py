@@ -322,3 +322,24 @@ def test_trainer_runs_on_a_lagged_bf16_engine(gym_tok):
     history = run.module.history
     assert [h["staleness/token_mean"] for h in history] == [0.0, 1.0, 1.0]  # measured from the version tags
     assert all(0 < h["mismatch/abs_mean"] < 0.5 for h in history)  # bf16 engine vs fp32 trainer
+
+
+def test_rows_that_share_a_prompt_prefill_it_once_and_then_decode_apart(gym_tok):
+    """Three prompts, four rows each: the first forward holds the three distinct prompts; every row's logits (and
+    the steps after, each row feeding its own token) are those of rows prefilled one by one."""
+    model = make_policy(gym_tok).eval()
+    counter = PositionCounter(model)
+    prompts = [[gym_tok.bos_id] + gym_tok.encode(t.prompt) for t in make_tasks("all")[:3]]
+    rows = [(key, prompts[key // 4]) for key in range(12)]
+    shared = KVCacheDecoder(model, gym_tok.pad_id)
+    alone = KVCacheDecoder(model, gym_tok.pad_id, reuse_cache=False)  # every call a forward of one whole row
+    with torch.no_grad():
+        got = [shared.decode(rows)]
+        assert counter.shapes[0] == (3, max(len(p) for p in prompts))
+        want = [torch.cat([alone.decode([row]) for row in rows])]
+        for _ in range(3):
+            feed = [(key, [int(got[-1][key].argsort()[-1 - (key % 3)])]) for key in range(12)]  # rows part ways
+            got.append(shared.decode(feed))
+            want.append(torch.cat([alone.decode([f]) for f in feed]))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from lrl.decoding import inverse_cdf_tokens, sample_tokens, truncated_log_probs
+from lrl.decoding import MULTINOMIAL_VOCAB, inverse_cdf_tokens, sample_tokens, truncated_log_probs
 
 
 def test_inverse_cdf_draws_follow_the_distribution_and_never_a_dropped_token():
@@ -38,6 +38,38 @@ def test_inverse_cdf_on_a_greedy_and_a_top_k_distribution():
     token = inverse_cdf_tokens(top5, uniform)
     kept = logits.topk(5, dim=-1).indices
     assert (kept == token).any(-1).all()
+
+
+def test_at_a_real_vocabulary_the_cpu_draws_by_the_inverse_cdf_of_one_uniform_a_row():
+    """Above MULTINOMIAL_VOCAB words the CPU draw takes one uniform a row from the generator (not multinomial's
+    stream), finds the token by the inverse CDF, and repeats with the seed."""
+    vocab = MULTINOMIAL_VOCAB + 1
+    logp = torch.log_softmax(3 * torch.randn(16, vocab, generator=torch.Generator().manual_seed(0)), -1)
+    token, chosen = sample_tokens(logp, torch.Generator().manual_seed(7))
+    uniform = torch.rand(16, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(token, inverse_cdf_tokens(logp, uniform).squeeze(1))
+    assert torch.equal(chosen, logp.gather(1, token[:, None]).squeeze(1))
+    again, _ = sample_tokens(logp, torch.Generator().manual_seed(7))
+    assert torch.equal(token, again)
+
+
+def test_the_inverse_cdf_draw_over_a_real_vocabulary_follows_the_distribution():
+    """49,152 words: a few likely tokens and a long tail; the share drawn of each likely token and of the tail as
+    a whole is within binomial error of its probability (the mass far down the vocabulary is not lost)."""
+    vocab, n = 49_152, 8_000
+    logits = torch.full((vocab,), -9.0)
+    logits[[3, 20_000, 49_151]] = torch.tensor([2.0, 1.0, 0.5])
+    logp = torch.log_softmax(logits, -1)
+    uniform = torch.rand(n, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    token = torch.cat([inverse_cdf_tokens(logp.expand(len(u), vocab), u) for u in uniform.split(500)]).squeeze(1)
+    p = logp.exp().double()
+    for chosen in ([3], [20_000], [49_151]):
+        share = torch.isin(token, torch.tensor(chosen)).double().mean()
+        expected = p[chosen].sum()
+        assert abs(share - expected) < 5 * (expected * (1 - expected) / n).sqrt(), (chosen, share, expected)
+    tail = (~torch.isin(token, torch.tensor([3, 20_000, 49_151]))).double().mean()
+    expected = 1 - p[[3, 20_000, 49_151]].sum()
+    assert abs(tail - expected) < 5 * (expected * (1 - expected) / n).sqrt()
 
 
 def test_on_one_device_the_draw_is_torch_multinomial_so_seeded_runs_repeat_their_earlier_tokens():

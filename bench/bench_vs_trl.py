@@ -1,0 +1,264 @@
+"""lrl beside TRL's GRPOTrainer on the same job, in one run: episodes and trained tokens a second, and their ratio.
+
+    pip install -r requirements/trl.txt                 # TRL itself (the bench says so and stops without it)
+    python bench/bench_vs_trl.py                        # SmolLM2-135M-Instruct, 1 warm-up + 4 measured steps each
+    python bench/bench_vs_trl.py --steps 6 --threads 2 --lr 1e-5
+
+The job, the same on both sides: the calc tasks as one turn (bench/calc_one_turn.py: the calc system message and
+problems, a right answer or a right calculator call scores 1), SmolLM2-135M-Instruct as lrl converts it, 4
+problems x 8 samples a step, at most 24 new tokens, temperature 1 (no top-k, no top-p), bf16 autocast where the CPU
+has native bf16 (fp32 weights and optimizer on both sides), no KL term, one update a step, the same learning rate
+and gradient clip. Each trainer runs in a process of its own, both loaded at once; their steps take turns (TRL's
+step, then lrl's, then TRL's...), so a change in the machine's load falls on both. A step is timed from its start
+(before the batch is sampled) to the end of its update.
+
+Reported: the median step of the measured steps of each, episodes/s (32 / median), trained tokens/s (the batch's
+generated tokens / median step), and lrl / TRL. A step lrl skips for want of signal (every group's rewards equal:
+nothing to learn) is listed apart and kept out of lrl's median, since TRL's steps always train; the rewards of
+every step are printed, so that both can be seen to learn. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+INSTALL = "pip install -r requirements/trl.txt"
+EPISODES = 32  # 4 problems x 8 samples
+
+
+def trl_missing() -> bool:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+# -- the two workers (each in a process of its own; a step starts when the bench says so) --------------------
+class Gate:
+    """A worker's side of the turn-taking: wait for "go" before a step, report the step after it."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.start = 0.0
+        self.info: dict = {}
+
+    def begin(self) -> None:
+        self.conn.send(("ready",))
+        if self.conn.recv() != "go":
+            raise SystemExit(0)
+        self.info = {}
+        self.start = time.perf_counter()
+
+    def end(self, **info) -> None:
+        self.conn.send(("done", time.perf_counter() - self.start, {**self.info, **info}))
+
+
+def trl_worker(conn, args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from calc_one_turn import REPLY_TOKENS, one_turn_reward
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lrl.envs.calc import INSTRUCTIONS, make_calc_tasks
+    from lrl.precision import native_bf16
+
+    gate = Gate(conn)
+    tasks = make_calc_tasks("train")
+    rows = [{"prompt": messages(t.prompt), "answer": float(t.answer)} for t in tasks]
+
+    def reward(completions, answer, completion_ids, **kw):
+        scores = [one_turn_reward(c[0]["content"], a) for c, a in zip(completions, answer)]
+        gate.info.update(tokens=sum(len(ids) for ids in completion_ids), reward=sum(scores) / len(scores))
+        return scores
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, *a, **kw):
+            gate.begin()
+
+        def on_step_end(self, *a, **kw):
+            gate.end(trained=True)
+
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(args.model_dir)
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="lrl-bench-trl-"),
+        per_device_train_batch_size=EPISODES,
+        gradient_accumulation_steps=1,
+        num_generations=8,
+        num_iterations=1,
+        max_completion_length=REPLY_TOKENS,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        learning_rate=args.lr,
+        max_grad_norm=1.0,
+        bf16=native_bf16("cpu"),
+        use_cpu=True,
+        max_steps=args.warmup + args.steps,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=args.seed,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        callbacks=[Steps()],
+    )
+    assert INSTRUCTIONS  # the system message both sides show
+    trainer.train()
+    conn.send(("finished",))
+
+
+def messages(problem: str) -> list[dict]:
+    from lrl.envs.calc import INSTRUCTIONS
+
+    return [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": problem}]
+
+
+def lrl_worker(conn, args) -> None:
+    import lightning as L
+
+    from lrl.arguments import parse_args
+    from lrl.run import build_run
+
+    gate = Gate(conn)
+
+    class Steps(L.Callback):
+        def on_train_batch_start(self, *a, **kw):
+            gate.begin()
+
+        def on_train_batch_end(self, trainer, module, *a, **kw):
+            h = module.history[-1]
+            episodes = h["train/action_tokens"] * EPISODES
+            gate.end(trained=not h["train/skipped"], tokens=episodes, reward=h["train/reward"])
+
+    flags = [
+        "--env", "calc1", "--plugins", "calc_one_turn", "--model", args.model_dir, "--tasks-per-step", "4",
+        "--episodes-per-task", "8", "--minibatches", "1", "--lr", str(args.lr), "--max-grad-norm", "1.0",
+        "--max-steps", str(args.warmup + args.steps), "--eval-at-start", "false", "--eval-every", "1000000",
+        "--progress", "false", "--threads", str(args.threads), "--seed", str(args.seed),
+    ]  # fmt: skip
+    run = build_run(parse_args(flags), callbacks=[Steps()], logger=False)
+    run.trainer.fit(run.module, run.datamodule)
+    conn.send(("finished",))
+
+
+# -- the bench -----------------------------------------------------------------------------------------------
+def same_prompt_tokens(model_dir: str) -> bool:
+    """Whether TRL's rendering of a problem (the tokenizer's chat template) is lrl's, token for token."""
+    from transformers import AutoTokenizer
+
+    from lrl.envs.calc import INSTRUCTIONS, make_calc_tasks
+    from lrl.tokenizers import load_tokenizer
+
+    task = make_calc_tasks("train")[0]
+    hf = AutoTokenizer.from_pretrained(model_dir)
+    theirs = hf.apply_chat_template(messages(task.prompt), add_generation_prompt=True, tokenize=True)
+    theirs = list(theirs["input_ids"] if hasattr(theirs, "keys") else theirs)
+    ours = load_tokenizer(model_dir).conversation(INSTRUCTIONS).prompt(task.prompt)
+    return theirs == ours
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m", help="a named model or a save_pretrained folder")
+    p.add_argument("--steps", type=int, default=4, help="measured steps of each trainer (after the warm-up)")
+    p.add_argument("--warmup", type=int, default=1, help="steps of each trainer before the measured ones")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of each trainer")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if trl_missing():
+        print(f"bench_vs_trl: TRL is not installed; {INSTALL}")
+        return 0
+    from bench_real_model import machine
+
+    from lrl.models import resolve_model
+
+    args.model_dir = str(resolve_model(args.model)) if not Path(args.model).is_dir() else args.model
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print(f"machine: {machine()}")
+    import trl
+
+    print(f"TRL {trl.__version__}; the same prompt tokens on both sides: {same_prompt_tokens(args.model_dir)}")
+    ctx = mp.get_context("spawn")
+    workers = {}
+    for name, fn in (("TRL", trl_worker), ("lrl", lrl_worker)):
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=fn, args=(there, args), daemon=True)
+        proc.start()
+        workers[name] = (proc, here)
+    steps: dict[str, list[tuple[float, dict]]] = {name: [] for name in workers}
+    try:
+        for i in range(args.warmup + args.steps):
+            for name, (proc, conn) in workers.items():
+                message = receive(conn, proc, name)
+                if message[0] != "ready":
+                    raise RuntimeError(f"{name} ended before step {i}: {message}")
+                conn.send("go")
+                _, seconds, info = receive(conn, proc, name)
+                steps[name].append((seconds, info))
+                phase = "warm-up" if i < args.warmup else "measured"
+                print(f"step {i} {name:<4} {seconds:6.1f} s  reward {info.get('reward', float('nan')):.3f}  "
+                      f"tokens {info.get('tokens', 0):5.0f}  {'trained' if info.get('trained') else 'skipped'} "
+                      f"({phase})", flush=True)  # fmt: skip
+    finally:
+        for proc, _ in workers.values():
+            proc.terminate()
+            proc.join(10)
+    report(steps, args.warmup)
+    return 0
+
+
+def receive(conn, proc, name: str):
+    while not conn.poll(1.0):
+        if not proc.is_alive():
+            raise RuntimeError(f"the {name} worker died (exit {proc.exitcode})")
+    return conn.recv()
+
+
+def report(steps: dict, warmup: int) -> None:
+    rates = {}
+    print()
+    for name, rows in steps.items():
+        measured = rows[warmup:]
+        trained = [(s, i) for s, i in measured if i.get("trained")]
+        skipped = [s for s, i in measured if not i.get("trained")]
+        if not trained:
+            print(f"{name}: no measured step trained")
+            continue
+        median = statistics.median(s for s, _ in trained)
+        tokens = statistics.median(i["tokens"] for _, i in trained)
+        rates[name] = (EPISODES / median, tokens / median)
+        extra = f"; {len(skipped)} skipped for want of signal (median {statistics.median(skipped):.1f} s)" if skipped else ""
+        print(f"{name:<4} median step {median:6.2f} s over {len(trained)} steps that trained{extra}: "
+              f"{rates[name][0]:.2f} episodes/s, {rates[name][1]:.0f} trained tokens/s")  # fmt: skip
+    if len(rates) == 2:
+        print(f"lrl / TRL: {rates['lrl'][0] / rates['TRL'][0]:.2f}x episodes/s, "
+              f"{rates['lrl'][1] / rates['TRL'][1]:.2f}x trained tokens/s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

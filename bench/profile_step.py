@@ -1,0 +1,166 @@
+"""Where a training step's time goes, phase by phase: a real run of ``train.py`` with timers around its pieces.
+
+    python bench/profile_step.py                                   # the calc recipe on SmolLM2, 4 steps
+    python bench/profile_step.py --steps 6 -- --sampler fp8 --lag 2  # any train.py flags after --
+
+The run is the one ``train.py --env calc`` starts (its defaults, or the flags after ``--``), with no logger and no
+held-out evaluation inside it; every step's seconds are split into
+
+- ``prefill``: forwards of the KV-cache engine that feed more than one token a row (prompts, observations);
+- ``decode``: its one-token decode steps;
+- ``draw``: turning a step's logits into the sampling distribution and drawing from it;
+- ``sample, rest``: the rest of sampling (the episode loop, the environment, collating and advantages);
+- ``old_logp``: the separate pi_old forward (0 where the step takes pi_old from its update's own forward);
+- ``forward`` / ``backward`` / ``optimizer``: the update's forwards with gradients, their backwards, Adam;
+- ``other``: what the step spends elsewhere (weight sync, metrics, the callbacks).
+
+After the steps, one held-out evaluation is timed on its own (``--eval-episodes``; 0: none). Steps that had no
+advantage signal (skipped) are shown but kept out of the medians. Nothing is asserted: the figures are for
+choosing what to change, and checking that a change did what it was meant to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+PHASES = ("prefill", "decode", "draw", "sample, rest", "old_logp", "forward", "backward", "optimizer", "other")
+
+
+class Timers:
+    """Seconds per phase since the last ``take``; nested timers of one phase count once (the outermost)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.depth: dict[str, int] = defaultdict(int)
+
+    def wrap(self, owner, name: str, phase, is_method: bool = True):
+        """Replace ``owner.name`` by a timed version; ``phase`` is a name or a function of the call's args."""
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            key = phase(*args, **kwargs) if callable(phase) else phase
+            if key is None:
+                return original(*args, **kwargs)
+            self.depth[key] += 1
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.depth[key] -= 1
+                if self.depth[key] == 0:
+                    self.seconds[key] += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = dict(self.seconds), defaultdict(float)
+        return out
+
+
+def instrument(timers: Timers) -> None:
+    """Timers around the pieces of a step (by class and module attribute, so every caller is timed)."""
+    import lrl.module as module_mod
+    import lrl.rollout as rollout_mod
+    from lrl.decoding import Sampling
+    from lrl.kvcache import KVBatch
+    from lrl.module import OffPolicyModule
+    from lrl.sources.sync import SyncSource
+
+    def feed_phase(self, chunks):
+        return "decode" if isinstance(chunks, torch.Tensor) and chunks.shape[1] == 1 else "prefill"
+
+    timers.wrap(KVBatch, "feed", feed_phase)
+    timers.wrap(rollout_mod, "sample_tokens", "draw")
+    timers.wrap(Sampling, "log_probs", "draw")
+    timers.wrap(SyncSource, "next_batch", "sample")
+    timers.wrap(OffPolicyModule, "score", "old_logp")
+    timers.wrap(OffPolicyModule, "heldout_evaluation", "evaluation")
+    timers.wrap(OffPolicyModule, "manual_backward", "backward")
+
+    def forward_phase(*args, **kwargs):
+        return "forward" if torch.is_grad_enabled() else None
+
+    timers.wrap(module_mod, "token_log_probs", forward_phase)
+    timers.wrap(torch.optim.Adam, "step", "optimizer")
+
+
+def split(raw: dict[str, float], step_seconds: float) -> dict[str, float]:
+    """A step's raw timer seconds -> the PHASES (sampling's parts out of its whole)."""
+    out = {p: raw.get(p, 0.0) for p in PHASES}
+    inner = out["prefill"] + out["decode"] + out["draw"]
+    out["sample, rest"] = max(raw.get("sample", 0.0) - inner, 0.0)
+    counted = sum(out[p] for p in PHASES if p != "other")
+    out["other"] = max(step_seconds - counted, 0.0)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=4, help="training steps to time")
+    p.add_argument("--eval-episodes", type=int, default=64, help="held-out episodes of the timed evaluation (0: none)")
+    p.add_argument("train_args", nargs="*", help="train.py flags (after --)")
+    args = p.parse_args(argv)
+
+    import lightning as L
+
+    from lrl.arguments import parse_args
+    from lrl.run import build_run, fit
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_real_model import machine
+
+    flags = ["--env", "calc", *args.train_args]
+    flags += ["--max-steps", str(args.steps), "--eval-at-start", "false", "--eval-every", "100000", "--progress", "false"]
+    cfg = parse_args(flags)
+    timers = Timers()
+    instrument(timers)
+    rows: list[tuple[int, float, dict, bool]] = []
+
+    class PerStep(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            timers.take()
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seconds = time.perf_counter() - self.start
+            record = pl_module.history[-1]
+            rows.append((len(rows), seconds, split(timers.take(), seconds), bool(record["train/skipped"])))
+
+    run = build_run(cfg, callbacks=[PerStep()], logger=False)
+    run.module.heldout_evaluation = lambda: {"pass_rate": float("nan")}  # fit's final evaluation: timed below
+    print(f"machine: {machine()}")
+    print(f"run: train.py {' '.join(flags)}")
+    fit(run)
+    header = f"{'step':>4} {'total':>7} " + " ".join(f"{p:>12}" for p in PHASES) + "  skipped"
+    print("\nseconds per step and phase\n" + header)
+    for i, total, parts, skipped in rows:
+        cells = " ".join(f"{parts[p]:12.2f}" for p in PHASES)
+        print(f"{i:>4} {total:7.2f} {cells}  {'yes' if skipped else ''}")
+    trained = [r for r in rows if not r[3]]
+    if trained:
+        med = {p: statistics.median(r[2][p] for r in trained) for p in PHASES}
+        total = statistics.median(r[1] for r in trained)
+        print(f"{'med':>4} {total:7.2f} " + " ".join(f"{med[p]:12.2f}" for p in PHASES)
+              + f"  ({len(trained)} steps that trained)")  # fmt: skip
+    if args.eval_episodes:
+        cfg.evaluation.eval_episodes = 1
+        del run.module.heldout_evaluation  # the class's own method again
+        run.spec.heldout_tasks = run.spec.heldout_tasks[: args.eval_episodes]
+        start = time.perf_counter()
+        stats = run.module.heldout_evaluation()
+        print(f"\nheld-out evaluation of {len(run.spec.heldout_tasks)} episodes: {time.perf_counter() - start:.1f} s "
+              f"(pass rate {stats['pass_rate']:.3f})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
