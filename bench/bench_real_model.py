@@ -1,11 +1,11 @@
 """Speed on a real model, beside the machine's own limit: ratios from one run, the machine named.
 
     python bench/bench_real_model.py                       # SmolLM2-135M-Instruct, two torch threads
-    python bench/bench_real_model.py --batches 1 16 --skip-vllm --threads 1
+    python bench/bench_real_model.py --batches 1 32 --skip-vllm --threads 1
 
 1. The limit: GEMM throughput of this machine in fp32 and bf16 (GFLOP/s), at the model's own shapes (a batch of
    tokens times its 576 x 1536 MLP) and at 2048 x 2048.
-2. Decode: tokens/s sampling 32 new tokens after the gym's chat prompts at batch 1, 16 and 64, by lrl's KV-cache
+2. Decode: tokens/s sampling 32 new tokens after the gym's chat prompts at batch 1, 32 and 64, by lrl's KV-cache
    engine (fp32 and bf16 weights), transformers' generate (fp32, bf16) and vLLM on this CPU (bf16, where
    installed); each beside the GFLOP/s it reaches (2 x parameters x tokens, the LM head included) and that
    figure's share of the machine's GEMM limit in the same dtype.
@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 32, 64])
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--skip-vllm", action="store_true")

@@ -2,10 +2,11 @@
 
     python bench/bench_recipe_speed.py                          # the calc recipe, this tree against b714b39
     python bench/bench_recipe_speed.py --ref HEAD~3 --steps 8 -- --sampler fp8   # train.py flags after --
+    python bench/bench_recipe_speed.py --ref HEAD --ref-flags="--sampler vllm --vllm-dtype bfloat16"   # two paths
 
 The earlier commit is unpacked from git (``git archive``) into a temporary folder; both trees run ``train.py
 --env calc`` with the same flags and seed (the recipe's defaults unless flags are given), each in a process of its
-own, and their steps take turns (bench/step_gate.py), so a change in the machine's load falls on both. A step is
+own, and their steps take turns (bench/plugins/step_gate.py), so a change in the machine's load falls on both. A step is
 timed from its start (before its batch is sampled) to the end of its update and weight sync.
 
 Reported: every step of both (seconds, whether it trained, its reward and the step's own sample / old_logp /
@@ -39,7 +40,7 @@ def unpack(ref: str, into: Path) -> Path:
 
 
 def start(tree: Path, socket: str, flags: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE}", "LRL_STEP_GATE": socket}
+    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE / 'plugins'}", "LRL_STEP_GATE": socket}
     cmd = [sys.executable, "train.py", "--env", "calc", *flags, "--plugins", "step_gate", "--callbacks", "step_gate"]
     return subprocess.Popen(cmd, cwd=tree, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
@@ -49,6 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--ref", default=BASELINE, help="the earlier commit (default: %(default)s)")
     p.add_argument("--steps", type=int, default=8, help="steps of each run")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ref-flags", default="", help="train.py flags for the earlier commit's run only (one string)")
     p.add_argument("train_args", nargs="*", help="train.py flags (after --)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(HERE))
@@ -66,13 +68,14 @@ def main(argv=None) -> int:
         tmp = Path(tmp)
         (tmp / "old").mkdir()
         old = unpack(args.ref, tmp / "old")
-        trees = {args.ref: old, here_name: ROOT}
+        trees = {f"{args.ref} {args.ref_flags}".strip(): old, here_name: ROOT}
         listeners, procs, conns = {}, {}, {}
         for i, (name, tree) in enumerate(trees.items()):
             socket = str(tmp / f"gate{i}.sock")
             listeners[name] = Listener(socket, family="AF_UNIX")
             logs = tmp / f"logs{i}"
-            procs[name] = start(tree, socket, [*flags, "--log-dir", str(logs)], tmp / f"run{i}.log")
+            extra = args.ref_flags.split() if tree is old else []
+            procs[name] = start(tree, socket, [*flags, *extra, "--log-dir", str(logs)], tmp / f"run{i}.log")
         try:
             for name, listener in listeners.items():
                 conns[name] = listener.accept()

@@ -4,7 +4,7 @@
     python bench/bench_vs_trl.py                        # SmolLM2-135M-Instruct, 1 warm-up + 4 measured steps each
     python bench/bench_vs_trl.py --steps 6 --threads 2 --lr 1e-5
 
-The job, the same on both sides: the calc tasks as one turn (bench/calc_one_turn.py: the calc system message and
+The job, the same on both sides: the calc tasks as one turn (bench/plugins/calc_one_turn.py: the calc system message and
 problems, a right answer or a right calculator call scores 1), SmolLM2-135M-Instruct as lrl converts it, 4
 problems x 8 samples a step, at most 24 new tokens, temperature 1 (no top-k, no top-p), bf16 autocast where the CPU
 has native bf16 (fp32 weights and optimizer on both sides), no KL term, one update a step, the same learning rate
@@ -31,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "plugins"))
 
 INSTALL = "pip install -r requirements/trl.txt"
 EPISODES = 32  # 4 problems x 8 samples

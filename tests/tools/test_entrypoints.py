@@ -46,6 +46,9 @@ HELP_ONLY = {
     "lrl.experiments.seeds": "the default run over seeds",
     "lrl.experiments.staleness": "a grid of training runs over seeds",
     "lrl.tools.ship_bases": "rebuilds the shipped warm starts",
+    "bench/profile_step.py": "training steps of the real model",
+    "bench/bench_vs_trl.py": "lrl and TRL training the real model",
+    "bench/bench_recipe_speed.py": "two training runs of the real model",
 }
 
 

@@ -1,6 +1,6 @@
 """The calc tasks as one turn, for comparing lrl with trainers that run one completion a prompt (bench_vs_trl.py).
 
-An lrl plugin (``--plugins calc_one_turn`` with bench/ on the path) registering the environment ``calc1``: the
+An lrl plugin (``--plugins calc_one_turn`` with bench/plugins/ on the path) registering the environment ``calc1``: the
 calc problems and system message of ``--env calc``, one reply of at most 24 tokens, and a score that one reply can
 earn: 1 for a right answer, or for a calculator call whose value is the answer (``calc 59 * 12`` to "What is 59 *
 12?"). :func:`one_turn_reward` is the same score for any trainer that hands over the reply's text.

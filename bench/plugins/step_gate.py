@@ -1,6 +1,6 @@
 """A plugin for benches that run two trainings side by side and let their steps take turns (bench_recipe_speed.py).
 
-``--plugins step_gate --callbacks step_gate`` (bench/ on PYTHONPATH) and ``LRL_STEP_GATE`` set to a Unix socket
+``--plugins step_gate --callbacks step_gate`` (bench/plugins/ on PYTHONPATH) and ``LRL_STEP_GATE`` set to a Unix socket
 that a bench listens on: before each training step the run says it is ready and waits until the bench says go;
 after the step it reports the step's seconds (from its start, before the batch is sampled, to the end of its
 update and sync) and the step's record (the module's history line). Any lrl version whose config has
