@@ -41,3 +41,14 @@ def test_a_lagged_fp8_run_splits_into_staleness_and_quantization(smollm2_cut, co
     assert parts == pytest.approx(late["mismatch/part/total"], abs=1e-5)
     assert late["mismatch/part/explained"] > 0.9  # the causes carry the total; the rest is numerical noise
     assert history[0]["mismatch/part/staleness_abs"] == 0.0  # step 0 samples with the trainer's own weights
+
+
+def test_the_split_of_an_fp16_run_is_given_its_arithmetic(smollm2_cut, coin):
+    """precision fp16: the trainer and the KV-cache decode both compute under fp16 autocast, so the decode path's
+    part is fp16's own gap (not bf16's, not zero), and the parts still add up to the total."""
+    history = split_run(smollm2_cut, precision="fp16", max_steps=2)
+    for h in history:
+        assert abs(h["mismatch/part/staleness_abs"]) < 1e-6 and abs(h["mismatch/part/quantization_abs"]) < 1e-6
+        assert h["mismatch/part/engine_abs"] > 1e-5  # fp16's decode path against fp16's full forward
+        parts = sum(h[f"mismatch/part/{p}"] for p in ("staleness", "quantization", "engine", "rest"))
+        assert parts == pytest.approx(h["mismatch/part/total"], abs=1e-6)
