@@ -27,31 +27,26 @@ def parameters(model: torch.nn.Module) -> int:
 
 
 @lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags in /proc/cpuinfo (empty where there is none to read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def cpu_bf16_features() -> tuple[str, ...]:
     """The CPU's native bf16 instruction sets found in /proc/cpuinfo (amx_bf16, avx512_bf16), in that order."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return tuple(name for name in ("amx_bf16", "avx512_bf16") if name in flags)
-    except OSError:
-        pass
-    return ()
+    return tuple(name for name in ("amx_bf16", "avx512_bf16") if name in cpu_flags())
 
 
-@lru_cache(maxsize=1)
 def cpu_fp16_features() -> tuple[str, ...]:
     """The CPU's native fp16 arithmetic instruction sets found in /proc/cpuinfo (amx_fp16, avx512_fp16)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return tuple(name for name in ("amx_fp16", "avx512_fp16") if name in flags)
-    except OSError:
-        pass
-    return ()
+    return tuple(name for name in ("amx_fp16", "avx512_fp16") if name in cpu_flags())
 
 
 def accelerator_device(accelerator: str) -> str:
