@@ -8,7 +8,10 @@ the sampler's own log-probs instead and scores nothing. The run alternates the t
 recompute, odd steps rollout; the seed, the sampler and everything else the same), with the policy frozen
 (learning rate 0: every step samples the same policy, so the workloads stay alike while Adam's work is still
 done). Each step's phases come from the run's own history (time/sample, time/old_logp, time/update, time/sync);
-the table gives each arm's mean seconds per phase and the ratios rollout / recompute. Nothing is asserted.
+the table gives each arm's mean seconds per phase and the ratios rollout / recompute; ``train`` is old_logp +
+update, the part the choice changes, and ``step, pooled sampling`` each arm's step with the sampling time of both
+arms averaged (sampling does not depend on the choice, and its noise from batch to batch is larger than the
+difference measured). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -39,15 +42,19 @@ def table(history: list[dict]) -> list[str]:
         arm: {p: sum(h.get(f"time/{p}", 0.0) for h in hs) / max(len(hs), 1) for p in PHASES}
         for arm, hs in rows.items()
     }
+    pooled = sum(mean[arm]["sample"] for arm in ARMS) / len(ARMS)
     for arm in ARMS:
         mean[arm]["step"] = sum(mean[arm].values())
         mean[arm]["train"] = mean[arm]["old_logp"] + mean[arm]["update"]  # what the choice can change
+        # sampling does not depend on the choice: each arm's step with the two arms' mean sampling time, so that
+        # which episodes happened to be long on which arm's steps does not enter the ratio
+        mean[arm]["step, pooled sampling"] = mean[arm]["step"] - mean[arm]["sample"] + pooled
     skipped = {arm: sum(h["train/skipped"] for h in hs) for arm, hs in rows.items()}
-    lines = [f"{'seconds (mean)':<16}" + "".join(f"{a:>12}" for a in ARMS) + f"{'ratio':>10}"]
-    for key in ("sample", "old_logp", "update", "sync", "train", "step"):
+    lines = [f"{'seconds (mean)':<24}" + "".join(f"{a:>12}" for a in ARMS) + f"{'ratio':>10}"]
+    for key in ("sample", "old_logp", "update", "sync", "train", "step", "step, pooled sampling"):
         a, b = mean["recompute"][key], mean["rollout"][key]
         ratio = f"{b / a:>10.3f}" if a > 0 else f"{'-':>10}"
-        lines.append(f"{key:<16}{a:>12.2f}{b:>12.2f}{ratio}")
+        lines.append(f"{key:<24}{a:>12.2f}{b:>12.2f}{ratio}")
     lines.append(
         f"steps: {len(rows['recompute'])} recompute, {len(rows['rollout'])} rollout; skipped (no advantage "
         f"signal, no update): {int(skipped['recompute'])} and {int(skipped['rollout'])}"

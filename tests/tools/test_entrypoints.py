@@ -27,6 +27,7 @@ TINY = {
     "bench/bench_callbacks.py": ["--steps", "1", "--rounds", "1", "--warmup", "0"],
     "bench/bench_engine.py": ["--prompts", "4", "--new-tokens", "4", "--repeats", "1"],
     "bench/bench_sampling.py": ["--rows", "2", "--repeats", "1"],
+    "bench/fp16_gradients.py": ["--layers", "2", "--rows", "2", "--tokens", "8", "--scales", "1", "--threads", "1"],
     "bench/bench_proximal.py": ["--steps", "2", "--", "--env", "tinyagent", "--tasks-per-step", "2", "--episodes-per-task", "2"],
     "bench/bench_simulate.py": ["--slots", "8", "--steps", "2", "--n-durations", "1024", "--load-slots", "8", "--windowed-slots", "8"],
     "lrl.sim": ["--single", "--n-durations", "512", "--slots", "4", "--batch-size", "4", "--steps", "2"],
