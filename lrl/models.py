@@ -128,6 +128,47 @@ def folder_lock(folder: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _writer_gone(leftover: Path) -> bool:
+    """Whether the process that wrote `leftover` (``<name>.tmp<pid>``) has ended: the lock of ``<name>``, where
+    there is one, is free; else no process has that pid."""
+    name, _, pid = leftover.name.rpartition(".tmp")
+    lock = leftover.with_name(f"{name}.lock")
+    if lock.is_file():
+        try:
+            with open(lock) as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file is closed
+        except OSError:  # held (BlockingIOError): its writer is still at work
+            return False
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, OSError):  # not a pid, or a live process of another user
+        return False
+    return False
+
+
+def remove_leftovers(models: Path) -> None:
+    """Remove what a conversion killed part-way left in the cache's models folder: a full conversion's or a
+    cut-down copy's temporary folder, the hash index's temporary file. What a live process is writing stays."""
+    try:
+        leftovers = [p for p in models.iterdir() if ".tmp" in p.name]
+    except OSError:  # no cache yet, or one that cannot be read: nothing to remove
+        return
+    for leftover in leftovers:
+        pid = leftover.name.rpartition(".tmp")[2]
+        if not (pid.isascii() and pid.isdigit()) or not _writer_gone(leftover):
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            try:
+                leftover.unlink()
+            except OSError:
+                pass
+
+
 def complete(folder: Path) -> bool:
     """A converted folder is used only when its record of where it came from is there (written last)."""
     return (folder / SOURCE_FILE).is_file() and (folder / "config.json").is_file()
@@ -139,6 +180,7 @@ def resolve_model(value: str, verbose: bool = True) -> Path:
 
     named = NAMED_MODELS[value]
     gguf = locate(named)
+    remove_leftovers(cache_dir() / "models")
     folder = cache_dir() / "models" / f"{named.name}-{file_hash(gguf)}"
     if complete(folder):
         return folder
