@@ -174,12 +174,55 @@ def complete(folder: Path) -> bool:
     return (folder / SOURCE_FILE).is_file() and (folder / "config.json").is_file()
 
 
+def cache_problem(root: Path) -> str | None:
+    """Why the cache folder `root` cannot hold converted models (None when it can, or may: a folder that is not
+    writable still serves a conversion already made). Checked before anything is written there."""
+    from lrl.runs import VIRTUAL, _kind
+
+    given = os.environ.get("LRL_CACHE")
+    label = f"LRL_CACHE={given!r}" if given else f"the cache folder {str(root)!r} (LRL_CACHE is not set)"
+    advice = "; set LRL_CACHE to a folder lrl may write"
+    try:
+        resolved = str(root.resolve())
+    except (OSError, RuntimeError, ValueError) as err:
+        return f"{label} cannot be used ({err}){advice}"
+    if any(resolved == v or resolved.startswith(v + "/") for v in VIRTUAL):
+        return f"{label} is under /{Path(resolved).parts[1]}, a kernel file system, not a place for files{advice}"
+    found = {"file": "a file", "dir": "a folder"}
+    kind = _kind(root)
+    if kind not in ("dir", "missing"):
+        return f"{label} is {found.get(kind, kind)}; it must be a folder{advice}"
+    parent = root
+    while kind == "missing" and parent.parent != parent:
+        parent = parent.parent
+        kind = _kind(parent)
+    if kind != "dir":
+        return f"{label} cannot be created: {str(parent)!r} is {found.get(kind, kind)}, not a folder{advice}"
+    return None
+
+
 def resolve_model(value: str, verbose: bool = True) -> Path:
-    """A named model -> its cached folder, converting it the first time (ModelUnavailable when it cannot)."""
+    """A named model -> its cached folder, converting it the first time (ModelUnavailable when it cannot, or
+    when the cache cannot hold it)."""
     from lrl.warmstart import cache_dir
 
     named = NAMED_MODELS[value]
     gguf = locate(named)
+    problem = cache_problem(cache_dir())
+    if problem is not None:
+        raise ModelUnavailable(problem)
+    try:
+        return _resolve(named, gguf, verbose)
+    except OSError as err:  # a cache folder that cannot be written (read-only, full, vanished meanwhile)
+        raise ModelUnavailable(
+            f"{named.name}: the cache {str(cache_dir())!r} cannot be written ({err.strerror or err}: "
+            f"{err.filename}); set LRL_CACHE to a folder lrl may write"
+        ) from None
+
+
+def _resolve(named: NamedModel, gguf: Path, verbose: bool) -> Path:
+    from lrl.warmstart import cache_dir
+
     remove_leftovers(cache_dir() / "models")
     folder = cache_dir() / "models" / f"{named.name}-{file_hash(gguf)}"
     if complete(folder):

@@ -112,10 +112,11 @@ def check_input(name: str, value: str | None, want: str) -> list[str]:
     kind = _kind(Path(value))
     if kind == "missing":
         return [f"{name}: {value!r} does not exist"]
+    found = {"file": "a file", "dir": "a folder"}.get(kind, kind)
     if want != "any" and kind != want:
-        return [f"{name}: {value!r} is {kind}; it must be {'a file' if want == 'file' else 'a folder'}"]
+        return [f"{name}: {value!r} is {found}; it must be {'a file' if want == 'file' else 'a folder'}"]
     if kind not in ("file", "dir"):
-        return [f"{name}: {value!r} is {kind}; it must be a file or a folder"]
+        return [f"{name}: {value!r} is {found}; it must be a file or a folder"]
     return []
 
 

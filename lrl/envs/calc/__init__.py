@@ -47,8 +47,12 @@ def _check(cfg) -> list[str]:
 def calc(cfg, tok=None) -> EnvSpec:
     """word problems with a calculator tool, for a chat model (default --model smollm2-135m)"""
     if tok is None or not getattr(tok, "chat", False):
-        raise ValueError(
-            "the calc environment needs a chat model's tokenizer: give --model (e.g. smollm2-135m)"
+        from lrl.envs import tokenizer_option
+        from lrl.errors import ConfigError
+
+        raise ConfigError(
+            f"env: calc needs a chat model's tokenizer, and the run's ({tokenizer_option(cfg)}) has no chat "
+            "template; give --model a chat model (e.g. smollm2-135m)"
         )
     return calc_spec(tok, cfg.max_turns)
 
