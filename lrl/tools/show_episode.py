@@ -10,6 +10,7 @@ are shown between [[ and ]].
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -64,18 +65,29 @@ def scripted(model, spec, task, first: str, generator, sampling) -> str:
     return f"--- task {task.task_id}: {turns} actions, reward {result.reward}, invalid {result.info.get('invalid')}\n{text}"
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (0 would show nothing, and -1 every task but one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m lrl.tools.show_episode", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="a save_pretrained folder or a named model (smollm2-135m)")
     p.add_argument("--env", default="tinyagent")
-    p.add_argument("--episodes", type=int, default=1)
+    p.add_argument("--episodes", type=at_least_one, default=1)
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--observation-role", default="user")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heldout", action="store_true", help="the held-out tasks (default: the train tasks)")
     p.add_argument(
-        "--min-turns", type=int, default=1, help="show only episodes of at least this many actions"
+        "--min-turns", type=at_least_one, default=1, help="show only episodes of at least this many actions"
     )
     p.add_argument(
         "--first-action",
