@@ -177,7 +177,8 @@ def complete(folder: Path) -> bool:
 def cache_problem(root: Path) -> str | None:
     """Why the cache folder `root` cannot hold converted models (None when it can, or may: a folder that is not
     writable still serves a conversion already made). Checked before anything is written there."""
-    from lrl.runs import VIRTUAL, _kind
+    from lrl.pathkinds import VIRTUAL
+    from lrl.pathkinds import kind as _kind
 
     given = os.environ.get("LRL_CACHE")
     label = f"LRL_CACHE={given!r}" if given else f"the cache folder {str(root)!r} (LRL_CACHE is not set)"

@@ -46,7 +46,7 @@ def check_paths(cfg: Config) -> None:
 def check_model_folder(value: str | None) -> list[str]:
     """Problems of a --model folder that keep it from being a model: no config.json, or one that is not a JSON
     object (checked before its tokenizer or environment are built from it, so the message names the folder)."""
-    from lrl.runs import _kind as kind_of
+    from lrl.pathkinds import kind as kind_of
 
     if value is None or kind_of(Path(value)) != "dir":
         return []

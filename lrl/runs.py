@@ -18,13 +18,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from lrl.config import Config, ConfigError
+from lrl.pathkinds import VIRTUAL
+from lrl.pathkinds import kind as _kind
 
-VIRTUAL = ("/proc", "/sys", "/dev")  # kernel file systems: nothing of a run belongs there
 HISTORY_PREFIX = (
     64 * 2**10
 )  # bytes of an existing history file that are checked: a huge file is not read whole
@@ -57,21 +57,6 @@ class RunFolder:
 
 
 # -- paths a user gives -----------------------------------------------------------------------------
-def _kind(p: Path) -> str | None:
-    """'file', 'dir', 'missing', or what else the path is (a device, a pipe, a socket, a broken link)."""
-    try:
-        mode = os.stat(p).st_mode  # follows links: a link is what it points to
-    except (FileNotFoundError, NotADirectoryError):
-        return "a broken link" if os.path.islink(p) else "missing"
-    except OSError as err:
-        return f"unreadable ({err.strerror})"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a pipe or socket"
-
-
 def check_output(name: str, value: str | None, want: str) -> list[str]:
     """Problems of a path lrl will write (`want` 'file' or 'dir'): it must be one, or be creatable."""
     if value is None:

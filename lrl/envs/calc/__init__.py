@@ -47,12 +47,18 @@ def _check(cfg) -> list[str]:
 def calc(cfg, tok=None) -> EnvSpec:
     """word problems with a calculator tool, for a chat model (default --model smollm2-135m)"""
     if tok is None or not getattr(tok, "chat", False):
-        from lrl.envs import tokenizer_option
         from lrl.errors import ConfigError
 
+        source = (
+            f"--tokenizer {cfg.tokenizer}"
+            if cfg.tokenizer
+            else f"--model {cfg.model}"
+            if cfg.model
+            else "none"
+        )
         raise ConfigError(
-            f"env: calc needs a chat model's tokenizer, and the run's ({tokenizer_option(cfg)}) has no chat "
-            "template; give --model a chat model (e.g. smollm2-135m)"
+            f"env: calc needs a chat model's tokenizer, and the run's ({source}) has no chat template; give --model "
+            "a chat model (e.g. smollm2-135m)"
         )
     return calc_spec(tok, cfg.max_turns)
 
