@@ -206,9 +206,8 @@ class GracefulStop(L.Callback):
         self.checkpoints = checkpoints
         self.stopped: int | None = None
         self.prefix = "lrl"  # what its lines start with (train.py: its program's name)
-        self.resume_command: Callable[[], str | None] | None = (
-            None  # how to continue from the last checkpoint
-        )
+        # how to continue from the last checkpoint (train.py's command line, for a second signal's line)
+        self.resume_command: Callable[[], str | None] | None = None
         self._training = False
         self._previous: dict = {}
         self._trainer = None

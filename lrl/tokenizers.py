@@ -207,7 +207,8 @@ class HFTokenizer:
     def specials_in(self, text: str) -> list[str]:
         """The tokenizer's special tokens that `text` spells (``<|im_end|>``): encoded, each is the template's own
         marker, not text, so a message holding one renders as turns it does not mean."""
-        specials = {t for t in [*self.hf.all_special_tokens, *self.hf.added_tokens_encoder] if t}
+        added = [t.content for t in self.hf.added_tokens_decoder.values() if t.special]
+        specials = {t for t in [*self.hf.all_special_tokens, *added] if t}
         return sorted((t for t in specials if t in text), key=text.find)
 
     def renders_as_its_own(self, role: str) -> bool:
