@@ -376,9 +376,9 @@ def _versions() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m lrl.models NAME [--layers N]``: convert a named model into the cache (once) and print its
     folder; ``--layers N`` also makes the copy cut to its first N layers (what the tests run on)."""
-    import argparse
+    from lrl.cli import OneLineParser
 
-    parser = argparse.ArgumentParser(prog="python -m lrl.models", description=main.__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m lrl.models", description=main.__doc__.split("\n")[0])
     parser.add_argument("name", choices=sorted(NAMED_MODELS))
     parser.add_argument("--layers", type=int, default=None, help="also cut a copy to this many layers")
     args = parser.parse_args(argv)

@@ -239,6 +239,8 @@ def load_tokenizer(path: str | Path):
     path = Path(path)
     if (path / TOKENIZER_FILE).exists() and not (path / "tokenizer.json").exists():
         return WordTokenizer.load(path)
+    if path.is_dir() and not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise ValueError(f"{str(path)!r} holds no tokenizer (tokenizer.json, or {TOKENIZER_FILE})")
     from transformers import AutoTokenizer
 
     try:

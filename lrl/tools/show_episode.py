@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             system_prompt=args.system_prompt,
             observation_role=args.observation_role,
             temperature=args.temperature,
+            seed=args.seed,  # checked as a run's seed is
         )
         spec = make_env(cfg, run_tokenizer(cfg))
         model, _ = load_policy(cfg.model, spec.tok)

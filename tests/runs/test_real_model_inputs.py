@@ -124,3 +124,39 @@ def test_the_config_json_of_a_broken_folder_is_named(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(["not", "an", "object"]))
     refused("--env", "calc", "--model", str(folder), needles=("model:", "config.json"))
+
+
+def test_a_sampled_batch_that_cannot_fit_is_refused_before_it_is_sampled(calc):
+    # 400,000 episodes prefilled together once asked the allocator for 58 GB, in a traceback mid-step
+    refused(*calc, "--episodes-per-task", "100000", needles=("episodes_per_task", "GiB", "--slots"))
+
+
+@pytest.mark.parametrize("args", [["smollm2-135m", "--layers", "abc"], ["nosuch"], []])
+def test_the_conversion_tools_bad_command_line_is_one_line(args):
+    from lrl import models
+
+    out = in_process(models.main, args)
+    one_clear_line(out, 2, "python -m lrl.models: error:")
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_file_given_to_the_mismatch_tool_as_its_model_is_called_a_file(tmp_path):
+    from lrl.tools import mismatch
+
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    out = in_process(mismatch.main, ["--model", str(tmp_path / "weights.bin")])
+    one_clear_line(out, 2, "is a file")
+    assert "no config.json" not in out.stderr
+
+
+def test_show_episode_checks_its_seed_as_a_run_does(smollm2_cut):
+    from lrl.tools import show_episode
+
+    out = in_process(show_episode.main, ["--model", str(smollm2_cut), "--env", "calc", "--seed", "-1"])
+    one_clear_line(out, 2, "seed")
+    assert not out.stdout
+
+
+def test_a_tokenizer_folder_without_a_tokenizer_says_so(calc, tmp_path):
+    (tmp_path / "tok").mkdir()
+    refused(*calc, "--tokenizer", str(tmp_path / "tok"), needles=("tokenizer:", "holds no tokenizer"))
