@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from lrl.envs import make_env, run_tokenizer
     from lrl.kvcache import KVCacheDecoder
     from lrl.policy import load_policy
+    from lrl.preflight import check_model_folder
     from lrl.rollout import run_episodes
 
     try:
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             temperature=args.temperature,
             seed=args.seed,  # checked as a run's seed is
         )
+        problems = check_model_folder(cfg.model)  # before its tokenizer is looked for in it
+        if problems:
+            raise ConfigError("; ".join(problems))
         spec = make_env(cfg, run_tokenizer(cfg))
         model, _ = load_policy(cfg.model, spec.tok)
     except (ConfigError, ValueError) as err:

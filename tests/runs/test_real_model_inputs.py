@@ -160,3 +160,11 @@ def test_show_episode_checks_its_seed_as_a_run_does(smollm2_cut):
 def test_a_tokenizer_folder_without_a_tokenizer_says_so(calc, tmp_path):
     (tmp_path / "tok").mkdir()
     refused(*calc, "--tokenizer", str(tmp_path / "tok"), needles=("tokenizer:", "holds no tokenizer"))
+
+
+def test_show_episode_names_an_empty_model_folder_as_one(tmp_path):
+    from lrl.tools import show_episode
+
+    (tmp_path / "empty").mkdir()
+    out = in_process(show_episode.main, ["--model", str(tmp_path / "empty"), "--env", "calc"])
+    one_clear_line(out, 2, "holds no config.json")
