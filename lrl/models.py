@@ -324,12 +324,14 @@ def cut_down(source: Path, layers: int = 2, dest: Path | None = None) -> Path:
     dest = Path(dest) if dest is not None else source.with_name(f"{source.name}-layers{layers}")
     if complete(dest):
         return dest
+    config = AutoConfig.from_pretrained(source)
+    if (
+        not 0 < layers <= config.num_hidden_layers
+    ):  # before the lock: a cut that cannot be made leaves nothing
+        raise ValueError(f"layers must be in [1, {config.num_hidden_layers}]; got {layers}")
     with folder_lock(dest):
         if complete(dest):
             return dest
-        config = AutoConfig.from_pretrained(source)
-        if not 0 < layers <= config.num_hidden_layers:
-            raise ValueError(f"layers must be in [1, {config.num_hidden_layers}]; got {layers}")
         full = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         config.num_hidden_layers = layers
         for key in ("layer_types",):  # per-layer lists, where a config has them, follow the cut

@@ -91,3 +91,21 @@ def test_the_cut_down_copy_killed_with_sigkill_leaves_nothing_after_the_next_run
     )
     assert again.returncode == 0, again.stderr
     assert not list(own.parent.glob("*.tmp*")), sorted(p.name for p in own.parent.iterdir())
+
+
+@pytest.mark.parametrize("layers", ["0", "-1", "31"])
+def test_a_cut_that_cannot_be_made_leaves_nothing_in_the_cache(tmp_path, monkeypatch, layers):
+    real = models.resolve_model("smollm2-135m", verbose=False)  # the real cache's conversion, only read
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / real.name).symlink_to(real)
+    monkeypatch.setenv("LRL_CACHE", str(tmp_path))
+    listing = lambda: sorted(p.name for p in (tmp_path / "models").iterdir() if p.name != "hashes.json")  # noqa: E731
+    before = listing()
+    out = subprocess.run(
+        [sys.executable, "-m", "lrl.models", "smollm2-135m", "--layers", layers],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "layers" in out.stderr, out.stderr
+    assert listing() == before  # not even a lock file (the hash index is the cache's own)
