@@ -266,7 +266,6 @@ def convert_gguf(gguf: Path, dest: Path, named: NamedModel) -> Path:
 
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
     except ImportError as err:  # pragma: no cover - transformers is a requirement of lrl
         raise ModelUnavailable(f"{named.name}: transformers cannot be imported ({err})") from None
     missing = [m for m in ("gguf", "accelerate") if not _importable(m)]
@@ -275,22 +274,23 @@ def convert_gguf(gguf: Path, dest: Path, named: NamedModel) -> Path:
             f"{named.name}: converting its GGUF file needs the {' and '.join(missing)} package(s); "
             f"install them with: {named.install}"
         )
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        config = loaded.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.name_or_path = named.title
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(loaded.state_dict(), assign=True)
-        model.tie_weights()
-        dest.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(dest)
-        tok.save_pretrained(dest)
+        with no_progress_bars():
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            loaded = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+            config = loaded.config
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config.name_or_path = named.title
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model.load_state_dict(loaded.state_dict(), assign=True)
+            model.tie_weights()
+            dest.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(dest)
+            tok.save_pretrained(dest)
     except ModelUnavailable:
         raise
     except Exception as err:  # a damaged file, a transformers without GGUF support for it: one line
@@ -298,9 +298,6 @@ def convert_gguf(gguf: Path, dest: Path, named: NamedModel) -> Path:
         raise ModelUnavailable(
             f"{named.name}: {gguf} cannot be converted ({type(err).__name__}: {message})"
         ) from None
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
     record = {
         "model": named.title,
         "distribution": f"{named.distribution}=={named.version}",
@@ -311,6 +308,20 @@ def convert_gguf(gguf: Path, dest: Path, named: NamedModel) -> Path:
     }
     (dest / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
     return dest
+
+
+@contextmanager
+def no_progress_bars():
+    """transformers' progress bars off (loading and writing shards draws one on stderr), as they were after."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def cut_down(source: Path, layers: int = 2, dest: Path | None = None) -> Path:
@@ -325,11 +336,10 @@ def cut_down(source: Path, layers: int = 2, dest: Path | None = None) -> Path:
     if complete(dest):
         return dest
     config = AutoConfig.from_pretrained(source)
-    if (
-        not 0 < layers <= config.num_hidden_layers
-    ):  # before the lock: a cut that cannot be made leaves nothing
+    # checked before the lock is taken: a cut that cannot be made leaves nothing in the cache
+    if not 0 < layers <= config.num_hidden_layers:
         raise ValueError(f"layers must be in [1, {config.num_hidden_layers}]; got {layers}")
-    with folder_lock(dest):
+    with folder_lock(dest), no_progress_bars():
         if complete(dest):
             return dest
         full = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)

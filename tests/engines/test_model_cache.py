@@ -91,6 +91,9 @@ def test_the_cut_down_copy_killed_with_sigkill_leaves_nothing_after_the_next_run
     )
     assert again.returncode == 0, again.stderr
     assert not list(own.parent.glob("*.tmp*")), sorted(p.name for p in own.parent.iterdir())
+    cut = subprocess.run([*command], env=env, capture_output=True, text=True)  # the copy made whole at last
+    assert cut.returncode == 0 and "-layers2" in cut.stdout, cut.stderr
+    assert "Writing model shards" not in cut.stderr and "%|" not in cut.stderr, cut.stderr  # no library bars
 
 
 @pytest.mark.parametrize("layers", ["0", "-1", "31"])
