@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import in_process
 
 import lrl.models as models
 
@@ -104,11 +105,6 @@ def test_a_cut_that_cannot_be_made_leaves_nothing_in_the_cache(tmp_path, monkeyp
     monkeypatch.setenv("LRL_CACHE", str(tmp_path))
     listing = lambda: sorted(p.name for p in (tmp_path / "models").iterdir() if p.name != "hashes.json")  # noqa: E731
     before = listing()
-    out = subprocess.run(
-        [sys.executable, "-m", "lrl.models", "smollm2-135m", "--layers", layers],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-    )
+    out = in_process(models.main, ["smollm2-135m", "--layers", layers])
     assert out.returncode == 2 and "layers" in out.stderr, out.stderr
     assert listing() == before  # not even a lock file (the hash index is the cache's own)
