@@ -11,7 +11,8 @@ Each piece of work is done once. With one minibatch (and a correction that weigh
 the update's forward runs on the trainer's current weights, so its log-probs, detached, are pi_old: no separate
 pass (:meth:`OffPolicyModule.fuses_old_logp`). For a model planned in microbatches, rows whose advantage is 0
 (every episode of their group scored the same) stay out of the update's forward and backward: their tokens stay in
-the loss's denominator and only pi_old is computed for them, for the step's metrics.
+the loss's denominator and only pi_old is computed for them, for the step's metrics; and the rows of one task run
+their common prompt once, in the update's forward and in pi_old's (:func:`lrl.logprobs.token_log_probs`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class OffPolicyModule(L.LightningModule):
         # rows whose advantage is 0 stay out of the update's forward and backward (exact: they add nothing to the
         # gradient; their tokens stay in the loss's denominator) where a forward is what a step costs: a model
         # planned in microbatches. The built-in policies run every row, as they always have, so that their
-        # published seeded runs repeat bit for bit (a different batch shape rounds differently)
+        # published seeded runs repeat bit for bit (a different batch shape rounds differently). The same rule has
+        # the rows of one task run their common prompt once (lrl.logprobs: the samples of a task share it)
         self.skip_rows = memory is not None and memory.chunked
         self.precision = resolve_precision(cfg.precision, policy, accelerator_device(cfg.accelerator))
         self.automatic_optimization = False  # several optimizer steps per sampled batch
@@ -258,6 +260,7 @@ class OffPolicyModule(L.LightningModule):
                     positions=mask.bool(),
                     entropy=True,
                     checkpoint_head=self.checkpoint_head(mask),
+                    prefix=prompt_lengths(mask) if self.skip_rows else None,
                 )
             bad = {"logp (log pi)": nonfinite(logp[mask.bool()])}
             if mb.old_logp is None:  # pi_old is this forward (one minibatch, the current weights)
@@ -340,6 +343,7 @@ class OffPolicyModule(L.LightningModule):
                 positions=positions[index, : width - 1],
                 max_tokens=self.memory.score_tokens if self.memory is not None else None,
                 entropy=entropy,
+                prefix=prompt_lengths(positions[index, : width - 1]) if self.skip_rows else None,
             )
         logp, ent = scores if entropy else (scores, None)
         on = positions[index, : width - 1]
@@ -424,3 +428,10 @@ class OffPolicyModule(L.LightningModule):
             # stepped by the policy version, so the held-out point sits at the update count it measures
             self.logger.log_metrics({f"val/{k}": float(stats[k]) for k in keys}, step=self.version)
         return stats
+
+
+def prompt_lengths(action_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's prompt length: the tokens before its first action token ([B, T-1] -> [B]; 1 for a row with
+    none, so that it shares nothing)."""
+    on = action_mask.bool()
+    return torch.where(on.any(-1), on.float().argmax(-1) + 1, 1)
