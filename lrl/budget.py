@@ -125,9 +125,7 @@ def parameter_count(cfg) -> int:
 TRAIN_HIDDEN, TRAIN_INTERMEDIATE = 12, 6
 SCORE_HIDDEN, SCORE_INTERMEDIATE = 6, 3
 HEAD_TENSORS = 4  # a head chunk's logits, their softmax, and (training) their gradient and a copy
-HEAD_KEPT = (
-    6  # fp32 [tokens, vocab] tensors a training forward keeps through the head when it does not recompute it
-)
+HEAD_KEPT = 6  # fp32 [tokens, vocab] tensors a training forward keeps through the head when it does not recompute it
 BF16_ACTIVATIONS = (
     0.75  # under bf16 autocast a trained token keeps 1.44 MiB where fp32 keeps 1.93 (SmolLM2-135M)
 )
@@ -210,11 +208,20 @@ def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int) -> Me
     batch = train_episodes * episode_tokens
     minibatch = -(-train_episodes // cfg.minibatches) * episode_tokens
     cache = 8 * layers * kv_width  # a sampled token's keys and values in fp32
+    decoded = min(cfg.slots, train_episodes) if cfg.slots else train_episodes  # episodes decoded together
     step = max(
         head + min(train_tokens, minibatch) * train_token,
         head + min(score_tokens, batch) * score_token,
-        batch * cache,
+        decoded * episode_tokens * cache,
     )
+    if static + step > budget:  # microbatches bound training and scoring; nothing bounds the sampled batch
+        raise ConfigError(
+            f"episodes_per_task: {cfg.episodes_per_task} ({train_episodes:,} episodes a step of up to "
+            f"{episode_tokens} tokens, {decoded:,} decoded together) needs about {(static + step) / 2**30:.1f} GiB "
+            f"at a step's peak, the keys and values of the sampled batch {decoded * episode_tokens * cache / 2**30:.1f} "
+            f"GiB of it; the budget is {budget / 2**30:.1f} GiB (--memory-budget, or 0.8 of the memory available): "
+            "fewer episodes a step, or --slots N to decode N at a time"
+        )
     return MemoryPlan(
         budget, static, train_token, score_token, head, train_tokens, score_tokens, True, static + step, vocab
     )

@@ -20,6 +20,7 @@ import signal
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ from lrl.stopping import (  # noqa: F401 (StoppedBeforeTraining: re-exported)
     STOP_SIGNALS,
     StoppedBeforeTraining,
     received_at_start,
+    say,
+    stopped_now_line,
+    stopping_notice,
 )
 
 # keys that may differ between the run that wrote a checkpoint and the run that resumes it: the options declared
@@ -83,6 +87,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     the target's folder, fsynced, and renamed with ``os.replace``.
     """
 
+    written: tuple[str, int] | None = None  # (path, step) of the last checkpoint written whole
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None:
             raise TypeError("AtomicCheckpointIO takes no storage_options")
@@ -93,6 +99,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"cannot write the checkpoint {str(path)!r}: {write_failure(path, err)}; the last complete "
                 "checkpoint is intact"
             ) from None
+        self.written = (str(path), int(checkpoint.get("global_step", 0)))
 
 
 def nearly_full(folder: Path) -> bool:
@@ -190,15 +197,21 @@ def read_history(path: str | Path, every_line: bool = False) -> list[dict]:
 
 class GracefulStop(L.Callback):
     """SIGINT (Ctrl-C), SIGTERM or SIGHUP stops the run at the end of the current step, after writing a last
-    checkpoint when checkpoints are on; ``stopped`` is the signal's number. A second signal stops at once. A
-    signal that arrives before training has started stops the run there (:class:`StoppedBeforeTraining`), with
-    nothing to save."""
+    checkpoint when checkpoints are on; ``stopped`` is the signal's number. The run says so at once, and how to
+    stop it now: a second signal, which ends the process at once with one line naming the last checkpoint
+    written and how to continue from it (``resume_command``, set by train.py). A signal that arrives before
+    training has started stops the run there (:class:`StoppedBeforeTraining`), with nothing to save."""
 
     def __init__(self, checkpoints: Path | None):
         self.checkpoints = checkpoints
         self.stopped: int | None = None
+        self.prefix = "lrl"  # what its lines start with (train.py: its program's name)
+        # how to continue from the last checkpoint (train.py's command line, for a second signal's line)
+        self.resume_command: Callable[[], str | None] | None = None
         self._training = False
         self._previous: dict = {}
+        self._trainer = None
+        self._module = None
 
     def setup(self, trainer, pl_module, stage) -> None:
         if stage != "fit" or self._previous:
@@ -218,24 +231,41 @@ class GracefulStop(L.Callback):
         if self.stopped is not None:  # a signal before training whose exception was swallowed where it landed
             raise StoppedBeforeTraining(self.stopped)
         self._training = True
+        self._trainer, self._module = trainer, pl_module
         # Lightning wraps SIGTERM between setup and here; its handler ends fit with a SystemExit (status 0) at
         # the epoch's end, so the stop would look like success: ours alone decides from now on
         for signum in self._previous:
             signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
-        if self.stopped is not None:  # the second one: stop now
+        if self.stopped is not None:  # the second one: stop now, saying what was kept
+            say(self._stopped_now(signum))
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
+            return
         self.stopped = signum
         if not self._training:
             raise StoppedBeforeTraining(signum)
+        say(stopping_notice(self.prefix, signum, self.checkpoints is not None))
+
+    def _stopped_now(self, signum: int) -> str:
+        io = getattr(getattr(self._trainer, "strategy", None), "checkpoint_io", None)
+        kept = getattr(io, "written", None)
+        how = None
+        if kept is not None and self.resume_command is not None:
+            try:
+                how = self.resume_command()
+            except Exception:  # noqa: BLE001 (the line is printed whatever the hint's trouble)
+                how = None
+        done = len(getattr(self._module, "history", []))
+        return stopped_now_line(self.prefix, signum, done, kept, self.checkpoints is not None, how)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.stopped is None:
             return
         if self.checkpoints is not None:
-            trainer.save_checkpoint(self.checkpoints / "last.ckpt")
+            # weights_only given: Lightning logs a line of its own ("`weights_only` was not set") without it
+            trainer.save_checkpoint(self.checkpoints / "last.ckpt", weights_only=False)
         trainer.should_stop = True
 
     def on_train_end(self, trainer, pl_module) -> None:

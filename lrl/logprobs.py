@@ -86,6 +86,7 @@ def token_log_probs(
     entropy: bool = False,
     chunk: int = CHUNK_TOKENS,
     checkpoint_head: bool = True,
+    prefix: torch.Tensor | None = None,
 ):
     """Trainer-style log-prob of every next token: ids [B, T] -> log-probs [B, T-1] (and entropies [B, T-1]
     when ``entropy``), fp32, differentiable when gradients are enabled.
@@ -93,6 +94,9 @@ def token_log_probs(
     ``positions`` ([B, T-1] bool): only these positions need to be scored; the others may be 0 (they are
     when the head runs in chunks). ``checkpoint_head`` False: with gradients, the head's chunks keep their
     tensors for the backward pass instead of recomputing them there (where memory allows; the same numbers).
+    ``prefix`` ([B] long, with ``positions`` and right-padded rows): each row's prompt length, every position
+    scored at or after its last token; rows whose prompts are the same tokens (the samples of one task) run the
+    prompt once, as one sequence whose keys and values they all attend to (:func:`_shared_prompt_hidden`).
     """
     targets = ids[:, 1:]
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -104,11 +108,13 @@ def token_log_probs(
         if not entropy:
             return logp
         return logp, -(logp_all.exp() * logp_all).sum(-1)
-    hidden = _body(model)(input_ids=ids, attention_mask=attention_mask).last_hidden_state[
-        :, :-1
-    ]  # [B, T-1, H]
     where = positions.bool() if positions is not None else torch.ones_like(targets, dtype=torch.bool)
-    flat_hidden, flat_targets = hidden[where], targets[where]  # [N, H], [N]
+    if prefix is not None and positions is not None:
+        flat_hidden = _shared_prompt_hidden(model, ids, attention_mask, prefix, where)  # [N, H]
+    else:
+        hidden = _body(model)(input_ids=ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+        flat_hidden = hidden[where]  # [N, H]
+    flat_targets = targets[where]  # [N]
     grad = torch.is_grad_enabled() and flat_hidden.requires_grad
     logps, ents = [], []
     for start in range(0, len(flat_targets), chunk):
@@ -119,13 +125,65 @@ def token_log_probs(
             lp, en = _chunk_scores(head, h, t, temperature, entropy)
         logps.append(lp)
         ents.append(en)
-    out = hidden.new_zeros(targets.shape, dtype=torch.float32)
+    out = flat_hidden.new_zeros(targets.shape, dtype=torch.float32)
     out = out.masked_scatter(where, torch.cat(logps)) if logps else out
     if not entropy:
         return out
-    ent = hidden.new_zeros(targets.shape, dtype=torch.float32)
+    ent = flat_hidden.new_zeros(targets.shape, dtype=torch.float32)
     ent = ent.masked_scatter(where, torch.cat(ents)) if ents else ent
     return out, ent
+
+
+def _shared_prompt_hidden(model, ids, attention_mask, prefix, where) -> torch.Tensor:
+    """The body's hidden state at the positions `where` ([B, T-1] bool; row-major order) -> [N, H], each distinct
+    prompt ``ids[r, :prefix[r]]`` run once.
+
+    The distinct prompts run left-padded in one forward whose keys and values (and last hidden state, which
+    predicts each row's first generated token) are then indexed out to their rows; the rows' own tokens after
+    their prompts run in a second forward that attends to them at the same positions the whole row would have.
+    The numbers are the ones one forward of every whole row gives, to rounding; a gradient reaches the shared
+    prompt from every row that attends to it."""
+    from transformers import DynamicCache
+
+    body = _body(model)
+    rows = len(ids)
+    device = ids.device
+    first: dict[tuple[int, ...], int] = {}
+    group = torch.tensor(
+        [first.setdefault(tuple(ids[r, : int(prefix[r])].tolist()), len(first)) for r in range(rows)], device=device
+    )
+    prompts = list(first)
+    width = max(map(len, prompts))
+    pad = int(ids[0, -1]) if ids.shape[1] else 0  # any id: padded positions are masked
+    prompt_ids = torch.full((len(prompts), width), pad, dtype=ids.dtype, device=device)
+    prompt_mask = torch.zeros((len(prompts), width), dtype=attention_mask.dtype, device=device)
+    for g, prompt in enumerate(prompts):
+        prompt_ids[g, width - len(prompt) :] = torch.tensor(prompt, dtype=ids.dtype, device=device)
+        prompt_mask[g, width - len(prompt) :] = 1
+    out = body(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        past_key_values=DynamicCache(config=model.config),
+        use_cache=True,
+    )
+    shared = [(layer.keys[group], layer.values[group]) for layer in out.past_key_values.layers]
+    lengths = attention_mask.sum(-1)  # right padding: the real tokens of each row
+    rest = int((lengths - prefix).max())
+    offsets = torch.arange(rest, device=device)
+    take = (prefix[:, None] + offsets).clamp(max=ids.shape[1] - 1)  # [B, rest]
+    rest_mask = (offsets < (lengths - prefix)[:, None]).to(attention_mask.dtype)
+    after = body(
+        input_ids=ids.gather(1, take),
+        attention_mask=torch.cat([prompt_mask[group], rest_mask], -1),
+        position_ids=prefix[:, None] + offsets,
+        past_key_values=DynamicCache(shared, config=model.config),
+        use_cache=True,
+    ).last_hidden_state  # [B, rest, H]
+    # position p of row r is prefix[r] - 1 + k in [its prompt's last hidden state, the rest's]
+    seq = torch.cat([out.last_hidden_state[group, -1:], after], 1)  # [B, 1 + rest, H]
+    r, t = where.nonzero(as_tuple=True)
+    return seq[r, t - prefix[r] + 1]
 
 
 @torch.no_grad()
@@ -137,17 +195,19 @@ def scored_in_rows(
     positions: torch.Tensor | None = None,
     max_tokens: int | None = None,
     entropy: bool = False,
+    prefix: torch.Tensor | None = None,
 ):
     """:func:`token_log_probs` without gradients, in forwards of at most `max_tokens` padded tokens (rows of
     the batch taken in order; None: one forward) -> [B, T-1] (and the entropies, [B, T-1], with ``entropy``)."""
     rows = len(ids) if not max_tokens else max(1, max_tokens // max(ids.shape[1], 1))
     if rows >= len(ids):
-        return token_log_probs(model, ids, attention_mask, temperature, positions, entropy)
+        return token_log_probs(model, ids, attention_mask, temperature, positions, entropy, prefix=prefix)
     parts = []
     for start in range(0, len(ids), rows):
         sl = slice(start, start + rows)
         pos = positions[sl] if positions is not None else None
-        parts.append(token_log_probs(model, ids[sl], attention_mask[sl], temperature, pos, entropy))
+        pre = prefix[sl] if prefix is not None else None
+        parts.append(token_log_probs(model, ids[sl], attention_mask[sl], temperature, pos, entropy, prefix=pre))
     if entropy:
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     return torch.cat(parts)

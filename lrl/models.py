@@ -128,17 +128,103 @@ def folder_lock(folder: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _writer_gone(leftover: Path) -> bool:
+    """Whether the process that wrote `leftover` (``<name>.tmp<pid>``) has ended: the lock of ``<name>``, where
+    there is one, is free; else no process has that pid."""
+    name, _, pid = leftover.name.rpartition(".tmp")
+    lock = leftover.with_name(f"{name}.lock")
+    if lock.is_file():
+        try:
+            with open(lock) as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file is closed
+        except OSError:  # held (BlockingIOError): its writer is still at work
+            return False
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, OSError):  # not a pid, or a live process of another user
+        return False
+    return False
+
+
+def remove_leftovers(models: Path) -> None:
+    """Remove what a conversion killed part-way left in the cache's models folder: a full conversion's or a
+    cut-down copy's temporary folder, the hash index's temporary file. What a live process is writing stays."""
+    try:
+        leftovers = [p for p in models.iterdir() if ".tmp" in p.name]
+    except OSError:  # no cache yet, or one that cannot be read: nothing to remove
+        return
+    for leftover in leftovers:
+        pid = leftover.name.rpartition(".tmp")[2]
+        if not (pid.isascii() and pid.isdigit()) or not _writer_gone(leftover):
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            try:
+                leftover.unlink()
+            except OSError:
+                pass
+
+
 def complete(folder: Path) -> bool:
     """A converted folder is used only when its record of where it came from is there (written last)."""
     return (folder / SOURCE_FILE).is_file() and (folder / "config.json").is_file()
 
 
+def cache_problem(root: Path) -> str | None:
+    """Why the cache folder `root` cannot hold converted models (None when it can, or may: a folder that is not
+    writable still serves a conversion already made). Checked before anything is written there."""
+    from lrl.pathkinds import VIRTUAL
+    from lrl.pathkinds import kind as _kind
+
+    given = os.environ.get("LRL_CACHE")
+    label = f"LRL_CACHE={given!r}" if given else f"the cache folder {str(root)!r} (LRL_CACHE is not set)"
+    advice = "; set LRL_CACHE to a folder lrl may write"
+    try:
+        resolved = str(root.resolve())
+    except (OSError, RuntimeError, ValueError) as err:
+        return f"{label} cannot be used ({err}){advice}"
+    if any(resolved == v or resolved.startswith(v + "/") for v in VIRTUAL):
+        return f"{label} is under /{Path(resolved).parts[1]}, a kernel file system, not a place for files{advice}"
+    found = {"file": "a file", "dir": "a folder"}
+    kind = _kind(root)
+    if kind not in ("dir", "missing"):
+        return f"{label} is {found.get(kind, kind)}; it must be a folder{advice}"
+    parent = root
+    while kind == "missing" and parent.parent != parent:
+        parent = parent.parent
+        kind = _kind(parent)
+    if kind != "dir":
+        return f"{label} cannot be created: {str(parent)!r} is {found.get(kind, kind)}, not a folder{advice}"
+    return None
+
+
 def resolve_model(value: str, verbose: bool = True) -> Path:
-    """A named model -> its cached folder, converting it the first time (ModelUnavailable when it cannot)."""
+    """A named model -> its cached folder, converting it the first time (ModelUnavailable when it cannot, or
+    when the cache cannot hold it)."""
     from lrl.warmstart import cache_dir
 
     named = NAMED_MODELS[value]
     gguf = locate(named)
+    problem = cache_problem(cache_dir())
+    if problem is not None:
+        raise ModelUnavailable(problem)
+    try:
+        return _resolve(named, gguf, verbose)
+    except OSError as err:  # a cache folder that cannot be written (read-only, full, vanished meanwhile)
+        raise ModelUnavailable(
+            f"{named.name}: the cache {str(cache_dir())!r} cannot be written ({err.strerror or err}: "
+            f"{err.filename}); set LRL_CACHE to a folder lrl may write"
+        ) from None
+
+
+def _resolve(named: NamedModel, gguf: Path, verbose: bool) -> Path:
+    from lrl.warmstart import cache_dir
+
+    remove_leftovers(cache_dir() / "models")
     folder = cache_dir() / "models" / f"{named.name}-{file_hash(gguf)}"
     if complete(folder):
         return folder
@@ -180,7 +266,6 @@ def convert_gguf(gguf: Path, dest: Path, named: NamedModel) -> Path:
 
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
     except ImportError as err:  # pragma: no cover - transformers is a requirement of lrl
         raise ModelUnavailable(f"{named.name}: transformers cannot be imported ({err})") from None
     missing = [m for m in ("gguf", "accelerate") if not _importable(m)]
@@ -189,22 +274,23 @@ def convert_gguf(gguf: Path, dest: Path, named: NamedModel) -> Path:
             f"{named.name}: converting its GGUF file needs the {' and '.join(missing)} package(s); "
             f"install them with: {named.install}"
         )
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        config = loaded.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.name_or_path = named.title
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(loaded.state_dict(), assign=True)
-        model.tie_weights()
-        dest.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(dest)
-        tok.save_pretrained(dest)
+        with no_progress_bars():
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            loaded = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+            config = loaded.config
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config.name_or_path = named.title
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model.load_state_dict(loaded.state_dict(), assign=True)
+            model.tie_weights()
+            dest.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(dest)
+            tok.save_pretrained(dest)
     except ModelUnavailable:
         raise
     except Exception as err:  # a damaged file, a transformers without GGUF support for it: one line
@@ -212,9 +298,6 @@ def convert_gguf(gguf: Path, dest: Path, named: NamedModel) -> Path:
         raise ModelUnavailable(
             f"{named.name}: {gguf} cannot be converted ({type(err).__name__}: {message})"
         ) from None
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
     record = {
         "model": named.title,
         "distribution": f"{named.distribution}=={named.version}",
@@ -225,6 +308,20 @@ def convert_gguf(gguf: Path, dest: Path, named: NamedModel) -> Path:
     }
     (dest / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
     return dest
+
+
+@contextmanager
+def no_progress_bars():
+    """transformers' progress bars off (loading and writing shards draws one on stderr), as they were after."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def cut_down(source: Path, layers: int = 2, dest: Path | None = None) -> Path:
@@ -238,12 +335,13 @@ def cut_down(source: Path, layers: int = 2, dest: Path | None = None) -> Path:
     dest = Path(dest) if dest is not None else source.with_name(f"{source.name}-layers{layers}")
     if complete(dest):
         return dest
-    with folder_lock(dest):
+    config = AutoConfig.from_pretrained(source)
+    # checked before the lock is taken: a cut that cannot be made leaves nothing in the cache
+    if not 0 < layers <= config.num_hidden_layers:
+        raise ValueError(f"layers must be in [1, {config.num_hidden_layers}]; got {layers}")
+    with folder_lock(dest), no_progress_bars():
         if complete(dest):
             return dest
-        config = AutoConfig.from_pretrained(source)
-        if not 0 < layers <= config.num_hidden_layers:
-            raise ValueError(f"layers must be in [1, {config.num_hidden_layers}]; got {layers}")
         full = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         config.num_hidden_layers = layers
         for key in ("layer_types",):  # per-layer lists, where a config has them, follow the cut
@@ -290,9 +388,9 @@ def _versions() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m lrl.models NAME [--layers N]``: convert a named model into the cache (once) and print its
     folder; ``--layers N`` also makes the copy cut to its first N layers (what the tests run on)."""
-    import argparse
+    from lrl.cli import OneLineParser
 
-    parser = argparse.ArgumentParser(prog="python -m lrl.models", description=main.__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m lrl.models", description=main.__doc__.split("\n")[0])
     parser.add_argument("name", choices=sorted(NAMED_MODELS))
     parser.add_argument("--layers", type=int, default=None, help="also cut a copy to this many layers")
     args = parser.parse_args(argv)

@@ -7,14 +7,10 @@ per-token advantages ``w * A``, publish the new weights to the rollout source, a
 (:class:`StepRecord`, read by the callbacks) and metrics. ``global_step`` counts sampled batches, which is
 also the policy version. The path of a batch is drawn in docs/architecture.md.
 
-Each piece of work is done once. With one minibatch (and a correction that weighs each row by its own log-probs)
-the update's forward runs on the trainer's current weights, so its log-probs, detached, are pi_old: no separate
-pass (:meth:`OffPolicyModule.fuses_old_logp`). For a model planned in microbatches, rows whose advantage is 0
-(every episode of their group scored the same) stay out of the update's forward and backward: their tokens stay in
-the loss's denominator and only pi_old is computed for them, for the step's metrics.
-
-``--proximal rollout`` and ``interpolate`` (lrl.proximal) score no pi_old at all: each row's correction is made in
-the update's forward, as the fused pi_old's is; ``--loss`` picks clipped, pg or CISPO (lrl.losses).
+Each piece of work is done once: with one minibatch the update's forward is pi_old's (no separate pass,
+:meth:`OffPolicyModule.fuses_old_logp`); on a model planned in microbatches rows of advantage 0 skip the update
+(their tokens stay in the denominator) and a task's rows run their common prompt once (lrl.logprobs).
+``--proximal rollout`` and ``interpolate`` (lrl.proximal) score no pi_old; ``--loss`` picks clipped, pg or CISPO.
 """
 
 from __future__ import annotations
@@ -68,14 +64,12 @@ class OffPolicyModule(L.LightningModule):
         self.source = source
         self.spec = spec
         self.memory = memory  # lrl.budget.MemoryPlan: how many tokens one forward may hold (None: a batch)
-        # rows whose advantage is 0 stay out of the update's forward and backward (exact: they add nothing to the
-        # gradient; their tokens stay in the loss's denominator) where a forward is what a step costs: a model
-        # planned in microbatches. The built-in policies run every row, as they always have, so that their
-        # published seeded runs repeat bit for bit (a different batch shape rounds differently)
+        # rows of advantage 0 skip the update, and a task's rows share one prompt forward, where a forward is what a
+        # step costs (a model planned in microbatches); the built-in policies keep every row, so their published
+        # seeded runs repeat bit for bit (a different batch shape rounds differently)
         self.skip_rows = memory is not None and memory.chunked
         self.precision = resolve_precision(cfg.precision, policy, accelerator_device(cfg.accelerator))
-        # fp16's small gradients would flush to zero without a loss scale
-        self.loss_scale = LossScale(self.precision == "fp16")
+        self.loss_scale = LossScale(self.precision == "fp16")  # fp16's small gradients would flush to zero
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
         self.shuffle = torch.Generator().manual_seed(stream_seed(cfg.seed, SHUFFLE))
@@ -276,6 +270,7 @@ class OffPolicyModule(L.LightningModule):
                     positions=mask.bool(),
                     entropy=True,
                     checkpoint_head=self.checkpoint_head(mask),
+                    prefix=prompt_lengths(mask) if self.skip_rows else None,
                 )
             bad = {"logp (log pi)": nonfinite(logp[mask.bool()])}
             if mb.old_logp is None:  # pi_prox and the weights from this forward (pi_old's, with recompute)
@@ -357,6 +352,7 @@ class OffPolicyModule(L.LightningModule):
                 positions=positions[index, : width - 1],
                 max_tokens=self.memory.score_tokens if self.memory is not None else None,
                 entropy=entropy,
+                prefix=prompt_lengths(positions[index, : width - 1]) if self.skip_rows else None,
             )
         logp, ent = scores if entropy else (scores, None)
         on = positions[index, : width - 1]
@@ -445,3 +441,10 @@ class OffPolicyModule(L.LightningModule):
             # stepped by the policy version, so the held-out point sits at the update count it measures
             self.logger.log_metrics({f"val/{k}": float(stats[k]) for k in keys}, step=self.version)
         return stats
+
+
+def prompt_lengths(action_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's prompt length: the tokens before its first action token ([B, T-1] -> [B]; 1 for a row with
+    none, so that it shares nothing)."""
+    on = action_mask.bool()
+    return torch.where(on.any(-1), on.float().argmax(-1) + 1, 1)

@@ -99,14 +99,12 @@ def check_field(name: str, value, annotation, meta) -> list[str]:
             f"{name}: {value!r} is not allowed; it must be a finite number strictly between -1e308 and 1e308"
         ]
     if isinstance(value, str) and value == "":
-        return [
-            f"{name}: an empty "
-            + (
-                "path is not allowed; give a path or leave it unset"
-                if type(None) in kinds
-                else "value is not allowed"
-            )
-        ]
+        if type(None) not in kinds:
+            return [f"{name}: an empty value is not allowed"]
+        what = "path" if meta.get("path") else "value"
+        return [f"{name}: an empty {what} is not allowed; give a {what} or leave it unset"]
+    if isinstance(value, str) and not meta.get("path") and _not_utf8(value):
+        return [f"{name}: it is not valid UTF-8 text ({_not_utf8(value)})"]
     choices = meta.get("choices")
     if choices is not None:
         allowed = choices.names() if isinstance(choices, Registry) else list(choices)
@@ -124,6 +122,19 @@ def check_field(name: str, value, annotation, meta) -> list[str]:
     if any(meta.get(key) is not None and not test(value, meta[key]) for key, test in tests.items()):
         return [f"{name}: {value!r} is not allowed; it must be {bounds_text(meta)}"]
     return []
+
+
+def _not_utf8(text: str) -> str:
+    """Where `text` is not text ('' when it is): bytes of a command line that are not UTF-8 reach Python as lone
+    surrogates, which no tokenizer takes (a path may hold such bytes; any other string may not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        char = text[err.start]
+        if "\udc80" <= char <= "\udcff":
+            return f"the byte 0x{ord(char) - 0xDC00:02x} at character {err.start}"
+        return f"a lone surrogate at character {err.start}"
+    return ""
 
 
 def _finite(value) -> bool:

@@ -52,6 +52,8 @@ def load_policy(path: str | Path, tok: WordTokenizer | None = None, dtype=torch.
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"--model {path}: no such directory")
+    if not path.is_dir():
+        raise ModelLoadError(f"--model {path}: is a file; it must be a save_pretrained folder")
     if not (path / "config.json").exists():
         raise ModelLoadError(f"--model {path}: not a transformers model directory (no config.json)")
     try:

@@ -19,6 +19,9 @@ makes the checks in this order, each as soon as what it checks exists:
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from lrl.config import Config, ConfigError
 from lrl.envs import tokenizer_option
 from lrl.registry import REGISTRIES
@@ -29,20 +32,55 @@ __all__ = ["check_paths", "check_environment", "check_model", "check_checkpoint"
 
 def check_paths(cfg: Config) -> None:
     """log_dir, checkpoint_dir, history_file, resume, model, tokenizer: not under /proc, /sys or /dev; a folder where
-    a folder is wanted and a regular file (or nothing) where a file is wanted; a history file that is lrl's; a
-    checkpoint folder that no live run holds and whose last.ckpt is replaced only with --overwrite."""
+    a folder is wanted and a regular file (or nothing) where a file is wanted; a model folder that holds a readable
+    config.json; a history file that is lrl's; a checkpoint folder that no live run holds and whose last.ckpt is
+    replaced only with --overwrite."""
     from lrl.runs import check_paths as check_run_paths
 
     check_run_paths(cfg)
+    problems = check_model_folder(cfg.model)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def check_model_folder(value: str | None) -> list[str]:
+    """Problems of a --model folder that keep it from being a model: no config.json, or one that is not a JSON
+    object (checked before its tokenizer or environment are built from it, so the message names the folder)."""
+    from lrl.pathkinds import kind as kind_of
+
+    if value is None or kind_of(Path(value)) != "dir":
+        return []
+    config = Path(value) / "config.json"
+    kind = kind_of(config)
+    if kind == "missing":
+        return [f"model: {value!r} holds no config.json; it must be a transformers save_pretrained folder"]
+    if kind != "file":
+        return [f"model: {str(config)!r} is {'a folder' if kind == 'dir' else kind}; it must be a file"]
+    try:
+        with open(config, "rb") as f:
+            data = json.loads(f.read(2**20))
+    except OSError as err:
+        return [f"model: {str(config)!r} cannot be read ({err.strerror})"]
+    except ValueError as err:  # not JSON, not UTF-8, or larger than any model's config
+        return [f"model: {str(config)!r} cannot be read as JSON ({' '.join(str(err).split())[:120]})"]
+    if not isinstance(data, dict):
+        return [f"model: {str(config)!r} cannot be read as a model's config (a JSON object)"]
+    return []
 
 
 def check_environment(cfg: Config, spec):
-    """tokenizer: spells every example action of the environment; episodes_per_task, eval_episodes: a step and an
-    evaluation fit the machine's memory (the error gives the estimate) -> the step's memory plan."""
-    from lrl.budget import check_budget
+    """tokenizer: spells every example action of the environment; model: a context (its config.json's
+    max_position_embeddings) as long as the environment's longest episode, before any weight is loaded;
+    episodes_per_task, eval_episodes: a step and an evaluation fit the machine's memory (the error gives the
+    estimate) -> the step's memory plan."""
+    from lrl.budget import check_budget, model_shape
     from lrl.policy import DEFAULT_SIZE
 
     check_tokenizer(cfg, spec)
+    context = model_shape(cfg, len(spec.tok), 0)[3]  # the model's config.json, before any weight is loaded
+    check_context(
+        cfg, spec, context or None
+    )  # a context too short for an episode is that, not a memory figure
     return check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"])
 
 
@@ -50,10 +88,11 @@ def check_model(cfg: Config, spec, model) -> None:
     """model: a context (max_position_embeddings, n_positions) as long as the environment's longest episode, what
     every chosen entry asks of a model (its registry entry's check_model: a vLLM engine's head sizes and cache, say),
     a vocabulary that covers the tokenizer; precision: fp16 only where the device's autocast computes it."""
+    from lrl.decoding import context_length
     from lrl.policy import check_vocabulary
     from lrl.precision import accelerator_device, fp16_problem
 
-    check_context(cfg, spec, model)
+    check_context(cfg, spec, context_length(model))
     problems = []
     if cfg.precision == "fp16":
         problems += [p for p in [fp16_problem(accelerator_device(cfg.accelerator))] if p]
@@ -102,17 +141,15 @@ def check_tokenizer(cfg: Config, spec) -> None:
             )
 
 
-def check_context(cfg: Config, spec, model) -> None:
+def check_context(cfg: Config, spec, context: int | None) -> None:
     """The model's context (max_position_embeddings or n_positions) holds the environment's longest episode."""
-    from lrl.decoding import context_length
-
-    context = context_length(model)
     need = spec.max_episode_tokens
     if context is None or need is None or context >= need:
         return
     name = repr(cfg.model) if cfg.model is not None else f"the {spec.name} policy"
+    system = f", a system_prompt of {len(cfg.system_prompt):,} characters" if cfg.system_prompt else ""
     raise ConfigError(
-        f"model: {name} has a context of {context} positions, but the longest {spec.name} episode "
-        f"(max_turns {cfg.max_turns}) needs {need} positions; use a model with a longer context "
-        "(max_position_embeddings) or fewer turns"
+        f"model: {name} has a context of {context:,} positions, but the longest {spec.name} episode "
+        f"(max_turns {cfg.max_turns}{system}) needs {need:,} positions; use a model with a longer context "
+        f"(max_position_embeddings) or fewer turns{' or a shorter system_prompt' if system else ''}"
     )

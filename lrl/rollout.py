@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from lrl.decoding import Decoder, Sampling, TurnEngine, sample_tokens
+from lrl.decoding import Decoder, Sampling, TurnEngine, inverse_cdf_tokens, sample_tokens
 from lrl.envs.workers import InlineTools, RealClock
 from lrl.episode import Episode, replay
 
@@ -80,8 +80,10 @@ class Rollout:
         lockstep: bool = True,
         tools=None,
         clock=None,
+        draws=None,
     ):
         self.decoder = decoder
+        self.draws = draws  # lrl.streams.KeyedDraws: each token's uniform keyed by its episode and place (or None)
         self.spec = spec
         self.generator = generator if generator is not None else torch.Generator()
         self.sampling = sampling or Sampling()
@@ -210,7 +212,18 @@ class Rollout:
             rows.append((key, slot.episode.ids[slot.fed :]))
             slot.fed = len(slot.episode.ids)
         logits = self.decoder.decode(rows)  # [b, V], one batched forward
-        token, chosen = sample_tokens(self.sampling.log_probs(logits), self.generator)
+        logp = self.sampling.log_probs(logits)
+        if self.draws is not None:  # the uniform of each token keyed by (episode, turn, position)
+            places = [
+                (self.slots[k].episode.tag, len(self.slots[k].episode.actions), len(self.slots[k].action))
+                for k in keys
+            ]
+            uniform = torch.tensor(self.draws.uniforms(places), dtype=torch.float64, device=logp.device)
+            token = inverse_cdf_tokens(logp, uniform).squeeze(1)
+            chosen = logp.gather(1, token[:, None]).squeeze(1)
+            token, chosen = token.cpu(), chosen.cpu()
+        else:
+            token, chosen = sample_tokens(logp, self.generator)
         for key, t, lp in zip(keys, token.tolist(), chosen.tolist()):
             self._take(key, [t], [lp], t == self.stop)
         self._stepped(keys, start)
@@ -223,7 +236,10 @@ class Rollout:
         for key in keys:
             if key not in engine.running:
                 slot = self.slots[key]
-                seed = int(torch.randint(2**31 - 1, (), generator=self.generator))
+                if self.draws is not None:
+                    seed = self.draws.engine_seed(slot.episode.tag, len(slot.episode.actions))
+                else:
+                    seed = int(torch.randint(2**31 - 1, (), generator=self.generator))
                 engine.submit(key, slot.episode.ids, self.budget - len(slot.action), seed)
         produced = engine.step()
         for key, made in produced.items():
@@ -405,16 +421,18 @@ def run_episodes(
     lockstep: bool = True,
     tools=None,
     clock=None,
+    draws=None,
 ) -> list[Episode]:
     """Roll out one episode per task with `decoder` -> the episodes in task order; every generated token is
     tagged with `version`.
 
     By default all episodes start together and advance in lockstep turns. With ``slots``, at most that many are
     in flight, each continuing on its own (``lockstep=False``), and the next task starts as soon as one ends;
-    ``tools`` runs the environments' steps (:mod:`lrl.envs.workers`).
+    ``tools`` runs the environments' steps (:mod:`lrl.envs.workers`); ``draws`` (:class:`lrl.streams.KeyedDraws`)
+    keys each token's uniform by its episode (its place in `tasks`), turn and position instead of drawing in order.
     """
     rollout = Rollout(
-        decoder, spec, (), generator, sampling, version, lockstep=lockstep, tools=tools, clock=clock
+        decoder, spec, (), generator, sampling, version, lockstep=lockstep, tools=tools, clock=clock, draws=draws
     )
     queued = list(enumerate(tasks))
     finished: list[Episode] = []

@@ -18,13 +18,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from lrl.config import Config, ConfigError
+from lrl.pathkinds import VIRTUAL
+from lrl.pathkinds import kind as _kind
 
-VIRTUAL = ("/proc", "/sys", "/dev")  # kernel file systems: nothing of a run belongs there
 HISTORY_PREFIX = (
     64 * 2**10
 )  # bytes of an existing history file that are checked: a huge file is not read whole
@@ -57,21 +57,6 @@ class RunFolder:
 
 
 # -- paths a user gives -----------------------------------------------------------------------------
-def _kind(p: Path) -> str | None:
-    """'file', 'dir', 'missing', or what else the path is (a device, a pipe, a socket, a broken link)."""
-    try:
-        mode = os.stat(p).st_mode  # follows links: a link is what it points to
-    except (FileNotFoundError, NotADirectoryError):
-        return "a broken link" if os.path.islink(p) else "missing"
-    except OSError as err:
-        return f"unreadable ({err.strerror})"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a pipe or socket"
-
-
 def check_output(name: str, value: str | None, want: str) -> list[str]:
     """Problems of a path lrl will write (`want` 'file' or 'dir'): it must be one, or be creatable."""
     if value is None:
@@ -112,10 +97,11 @@ def check_input(name: str, value: str | None, want: str) -> list[str]:
     kind = _kind(Path(value))
     if kind == "missing":
         return [f"{name}: {value!r} does not exist"]
+    found = {"file": "a file", "dir": "a folder"}.get(kind, kind)
     if want != "any" and kind != want:
-        return [f"{name}: {value!r} is {kind}; it must be {'a file' if want == 'file' else 'a folder'}"]
+        return [f"{name}: {value!r} is {found}; it must be {'a file' if want == 'file' else 'a folder'}"]
     if kind not in ("file", "dir"):
-        return [f"{name}: {value!r} is {kind}; it must be a file or a folder"]
+        return [f"{name}: {value!r} is {found}; it must be a file or a folder"]
     return []
 
 

@@ -2,14 +2,17 @@
 so that train.py can install its handlers before it imports torch.
 
 SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal went away) all stop a run the same way: during training at the
-end of the current step, with a last checkpoint when checkpoints are on (``lrl.checkpoint.GracefulStop``);
-before the first step, at once, with nothing to save (:class:`StoppedBeforeTraining`). The exit status is
-128 + the signal's number (130, 143, 129).
+end of the current step, with a last checkpoint when checkpoints are on (``lrl.checkpoint.GracefulStop``), which
+the run says at once (a real model's step can take minutes), with how to stop it now: a second signal, which ends
+the process at once with one line saying what was kept and how to continue; before the first step, at once, with
+nothing to save (:class:`StoppedBeforeTraining`). The exit status is 128 + the signal's number (130, 143, 129).
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -53,3 +56,44 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def say(line: str) -> None:
+    """One line on stderr from a signal handler: through sys.stderr, or straight to its descriptor where the handler
+    interrupted a write to sys.stderr (a progress bar's), which Python refuses to enter again."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (RuntimeError, OSError, ValueError):
+        try:
+            os.write(2, (line + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
+
+
+def again(signum: int) -> str:
+    return "press Ctrl-C again" if signum == signal.SIGINT else f"send {signal_name(signum)} again"
+
+
+def stopping_notice(prefix: str, signum: int, checkpoints: bool) -> str:
+    """The line a first signal during training prints at once."""
+    then = "a checkpoint is written then" if checkpoints else "checkpoints are off, so nothing will be saved"
+    return (
+        f"{prefix}: {signal_name(signum)}: stopping at the end of the current step ({then}); {again(signum)} to "
+        "stop now, losing that step's work"
+    )
+
+
+def stopped_now_line(
+    prefix: str, signum: int, done: int, kept: tuple[str, int] | None, checkpoints: bool, how: str | None
+) -> str:
+    """The line a second signal prints before the process ends: what was kept (the last checkpoint written, of
+    which step) and how to continue from it."""
+    head = f"{prefix}: stopped by {signal_name(signum)} again, in the middle of step {done + 1}"
+    if kept is None:
+        why = "no checkpoint had been written yet" if checkpoints else "checkpoints are off"
+        return f"{head}; nothing was kept ({why}: --checkpoint-every N keeps one every N steps)"
+    path, step = kept
+    return f"{head}; kept: the checkpoint of step {step} ({path})" + (
+        f"; continue with: {how}" if how else ""
+    )

@@ -25,3 +25,44 @@ def stream_seed(seed: int, stream: int) -> int:
 def batch_seed(seed: int, rank: int, batch: int) -> int:
     """A generator seed from a stream's seed, the rank and a batch (or worker) number."""
     return (seed * 1_000_003 + rank * 7919 + batch * 104_729) % (2**63)
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a 64-bit integer -> a well-mixed 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def keyed(seed: int, *key: int) -> int:
+    """A 64-bit number that depends on `seed` and the integers of `key` alone (not on any draw before it)."""
+    x = _mix(seed & _MASK)
+    for k in key:
+        x = _mix(x ^ (k & _MASK))
+    return x
+
+
+class KeyedDraws:
+    """The draws of one batch keyed by what they are for, not by their order: the uniform of an episode's token is
+    a function of (stream seed, batch, episode, turn, position in the turn), so two runs of one seed draw the same
+    uniform for the same token of the same episode, whatever the other episodes did (``paired_streams``)."""
+
+    def __init__(self, seed: int, batch: int):
+        self.seed = seed
+        self.batch = batch
+
+    def uniforms(self, keys: list[tuple[int, int, int]]) -> list[float]:
+        """(episode, turn, position) -> a uniform in [0, 1) each, with 53 random bits."""
+        return [(keyed(self.seed, self.batch, *k) >> 11) * 2.0**-53 for k in keys]
+
+    def engine_seed(self, episode: int, turn: int) -> int:
+        """An engine request's seed (an engine that samples whole actions): keyed the same way."""
+        return keyed(self.seed, self.batch, episode, turn, 1 << 40) % (2**31 - 1)
+
+    def task_seed(self) -> int:
+        """The seed of the batch's choice of tasks."""
+        return keyed(self.seed, self.batch, 1 << 41) % (2**63)

@@ -204,12 +204,43 @@ class HFTokenizer:
         if self._render(messages, True) == self._render(messages, False):
             raise ChatTemplateError("its chat template adds no generation prompt after an observation")
 
+    def specials_in(self, text: str) -> list[str]:
+        """The tokenizer's special tokens that `text` spells (``<|im_end|>``): encoded, each is the template's own
+        marker, not text, so a message holding one renders as turns it does not mean."""
+        added = [t.content for t in self.hf.added_tokens_decoder.values() if t.special]
+        specials = {t for t in [*self.hf.all_special_tokens, *added] if t}
+        return sorted((t for t in specials if t in text), key=text.find)
+
+    def renders_as_its_own(self, role: str) -> bool:
+        """Whether the chat template renders an observation of `role` as a role it knows: ``user`` always; any
+        other role only where the template treats it otherwise than any name (a template that writes whatever
+        role it is given, as SmolLM2's does, would show the model a header it was never trained on)."""
+        if role == "user" or not self.chat:
+            return True
+        marker = "lrl-observation"
+
+        def rendered(name: str) -> str:
+            messages = [*self._opening(_USER), {"role": "assistant", "content": _ACTION}]
+            return self._render([*messages, {"role": name, "content": marker}], True)
+
+        as_user = rendered("user")
+        cut = as_user.rfind(_ACTION)  # the observation's part: past the action
+        as_any = as_user[:cut] + (
+            as_user[cut:]
+            .replace("user", role)
+            .replace("User", role.capitalize())
+            .replace("USER", role.upper())
+        )
+        return rendered(role) != as_any
+
 
 def load_tokenizer(path: str | Path):
     """A tokenizer directory -> HFTokenizer (transformers fast) or WordTokenizer (lrl_tokenizer.json)."""
     path = Path(path)
     if (path / TOKENIZER_FILE).exists() and not (path / "tokenizer.json").exists():
         return WordTokenizer.load(path)
+    if path.is_dir() and not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise ValueError(f"{str(path)!r} holds no tokenizer (tokenizer.json, or {TOKENIZER_FILE})")
     from transformers import AutoTokenizer
 
     try:

@@ -99,6 +99,7 @@ def run(argv: list[str]) -> int:
     except OutputError as err:
         print(f"{train_program()}: stopped: {one_line(err)}", file=sys.stderr)
         return OUTPUT_FAILED
+    announce_stops(run, argv)
     if run.trainer.is_global_zero:
         for note in ([run.folder.note] if run.folder is not None else []) + startup_notes(cfg, run):
             print(f"{train_program()}: {note}", flush=True)
@@ -146,24 +147,40 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def interrupted(result: dict, run, argv: list[str]) -> int:
-    """One line: which signal stopped the run, after which step, and how to continue it."""
-    from lrl.stopping import signal_name
-
-    name = signal_name(result["stopped_by"])
+def resume_command(run, argv: list[str]) -> str | None:
+    """The command that continues this run from its last checkpoint (None when it keeps none)."""
     kept = list(argv)
     if "--resume" in kept:
         i = kept.index("--resume")
         del kept[i : i + 2]
     where = run.folder.path if run.folder is not None else None
+    if run.cfg.checkpoint_every > 0 and where is not None:
+        return f"{train_command()} {shlex.join([*kept, '--resume', str(where)])}"
+    return None
+
+
+def announce_stops(run, argv: list[str]) -> None:
+    """The run's stop handler speaks as train.py and knows how the run is continued (for a second signal's line)."""
+    for callback in run.trainer.callbacks:
+        if type(callback).__name__ == "GracefulStop":
+            callback.prefix = train_program()
+            callback.resume_command = lambda: resume_command(run, argv)
+
+
+def interrupted(result: dict, run, argv: list[str]) -> int:
+    """One line: which signal stopped the run, after which step, and how to continue it."""
+    from lrl.stopping import signal_name
+
+    name = signal_name(result["stopped_by"])
     if not result["steps"]:
         print(
             f"{train_program()}: stopped by {name} before the first step; nothing was trained yet",
             file=sys.stderr,
         )
         return 128 + result["stopped_by"]
-    if run.cfg.checkpoint_every > 0 and where is not None:
-        hint = f"continue with: {train_command()} {shlex.join([*kept, '--resume', str(where)])}"
+    command = resume_command(run, argv)
+    if command is not None:
+        hint = f"continue with: {command}"
     else:
         hint = "no checkpoint was written (checkpoints are off: --checkpoint-every N keeps them)"
     print(f"{train_program()}: stopped by {name} after step {result['steps']}; {hint}", file=sys.stderr)

@@ -17,18 +17,69 @@ def make_env(cfg, tok=None) -> EnvSpec:
     """The environment named by cfg.env, built for this run's tokenizer (None: its own). A chat model's
     tokenizer frames every episode as a conversation: the system message (``system_prompt``, else the
     environment's own instructions) and the observations in ``observation_role`` (lrl.tokenizers)."""
+    from lrl.errors import ConfigError
+
     entry = ENVS.get(cfg.env)
     if getattr(tok, "chat", False):
-        from lrl.errors import ConfigError
         from lrl.tokenizers import ChatTemplateError
 
+        check_system_prompt(cfg, tok)
         system = cfg.system_prompt if cfg.system_prompt is not None else entry.instructions or None
         tok = tok.conversation(system, cfg.observation_role)
         try:  # before the environment frames anything with it
             tok.check_conversation()
         except ChatTemplateError as err:
             raise ConfigError(f"{tokenizer_option(cfg)}: {err}") from None
+        check_role(cfg, tok)
+    else:
+        for name, unset in (("system_prompt", None), ("observation_role", "user")):
+            if getattr(cfg, name) != unset:
+                raise ConfigError(
+                    f"{name}: {getattr(cfg, name)[:40]!r} needs a chat model, and the run's tokenizer ("
+                    f"{tokenizer_option(cfg)}) has no chat template; leave it unset or give --model a chat model"
+                )
     return entry.factory(cfg, tok)
+
+
+def check_system_prompt(cfg, tok) -> None:
+    """A --system-prompt that spells the template's own markers, or that alone is longer than the model's context,
+    is refused (ConfigError) before any episode is framed with it."""
+    from lrl.budget import model_config
+    from lrl.errors import ConfigError
+
+    system = cfg.system_prompt
+    if system is None:
+        return
+    markers = tok.specials_in(system)
+    if markers:
+        raise ConfigError(
+            f"system_prompt: it holds {markers[0]!r}, a special token of the model's tokenizer, which its chat "
+            "template would render as its own marker (a turn ended or begun where the message does not mean "
+            "one); it is refused, not escaped: remove it"
+        )
+    context = model_config(cfg).get("max_position_embeddings")
+    if isinstance(context, int):  # tokenised once here, before each task's prompt is (576 of them for calc)
+        n = len(tok.conversation(system).prompt(""))
+        if n >= context:
+            raise ConfigError(
+                f"system_prompt: its {len(system):,} characters are {n:,} tokens, longer than the model's "
+                f"context of {context:,} tokens (max_position_embeddings); shorten it"
+            )
+
+
+def check_role(cfg, tok) -> None:
+    """An --observation-role that the model's chat template does not render as a role of its own is refused
+    unless --allow-any-role asks for it."""
+    from lrl.errors import ConfigError
+
+    role = cfg.observation_role
+    if cfg.allow_any_role or tok.renders_as_its_own(role):
+        return
+    raise ConfigError(
+        f"observation_role: the model's chat template renders {role!r} as it would any name, not as a role of "
+        "its own, so the model would be shown a role it was not trained on; use user (the default), or "
+        "--allow-any-role true to use it anyway"
+    )
 
 
 def tokenizer_option(cfg) -> str:

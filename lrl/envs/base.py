@@ -137,6 +137,19 @@ class FailureInjection:
         self._unbilled = state["unbilled"]
 
 
+def small_number(word: str, most: int) -> int | None:
+    """The value of `word` when it is ASCII digits naming a number in [0, most], else None. A reply's word never
+    reaches ``int()`` unchecked: ``str.isdigit`` is true of superscripts (which ``int`` refuses) and of every
+    script's digits, and ``int`` refuses a word of more than 4,300 digits."""
+    if not (word.isascii() and word.isdigit()):
+        return None
+    digits = word.lstrip("0") or "0"
+    if len(digits) > len(str(most)):
+        return None
+    value = int(digits)
+    return value if value <= most else None
+
+
 def episode_metrics(spec: EnvSpec, episodes) -> dict[str, float]:
     """Mean of every env metric over episodes -> {name: mean}."""
     n = max(len(episodes), 1)

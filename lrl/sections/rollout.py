@@ -18,13 +18,18 @@ class EnvironmentOptions:
     env: str = option("tinyagent", "environment (a registered name)", choices=ENVS)
     system_prompt: str | None = option(
         None,
-        "a chat model's system message, the first of every episode (none: the environment's own instructions; "
-        "a tokenizer without a chat template has no system message)",
+        "a chat model's system message, the first of every episode (none: the environment's own instructions); "
+        "refused with a tokenizer without a chat template, and when it holds the template's special tokens",
     )
     observation_role: str = option(
         "user",
-        "the chat role of what a tool or the environment answers (user, or tool where the model's chat "
-        "template has one)",
+        "the chat role of what a tool or the environment answers (user, or a role the model's chat template "
+        "renders as its own, such as tool where it has one; any other needs allow_any_role)",
+    )
+    allow_any_role: bool = option(
+        False,
+        "accept an observation_role that the model's chat template renders as it would any name (a role the "
+        "model was not trained on)",
     )
     max_turns: int = option(3, "turn limit of an episode", gt=0, le=10_000)
     env_failure_rate: float = option(

@@ -16,6 +16,13 @@ class RunOptions:
     seed: int = option(
         0, "seed of every random stream (sampling, shuffling, initialisation)", ge=0, le=MAX_INT
     )
+    paired_streams: bool = option(
+        False,
+        "draw each batch's tasks and each token's uniform from streams keyed by (seed, batch, episode, "
+        "position) instead of one stream in order, so that runs of one seed that differ in sampler, correction "
+        "or learning rate see the same problems in the same order and the same uniforms (paired comparisons)",
+        when={"pipeline": "sync"},
+    )
     max_steps: int = option(
         40,
         "training steps; one step is one sampled batch and its updates",

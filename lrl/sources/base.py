@@ -75,9 +75,10 @@ class TaskPicker:
         self.carry: list[int] = []  # positions in `tasks` of failed tasks, drawn first into the next batch
         self.position = {t.task_id: i for i, t in enumerate(self.tasks)}
 
-    def choose(self) -> list[int]:
-        """The next batch's tasks -> their positions in ``tasks``."""
-        perm = torch.randperm(len(self.tasks), generator=self.generator).tolist()
+    def choose(self, generator: torch.Generator | None = None) -> list[int]:
+        """The next batch's tasks -> their positions in ``tasks`` (the permutation drawn from `generator`, else
+        the picker's own stream)."""
+        perm = torch.randperm(len(self.tasks), generator=generator or self.generator).tolist()
         carried = self.carry[: self.per_step]
         self.carry = self.carry[self.per_step :]
         return carried + [i for i in perm if i not in carried][: self.per_step - len(carried)]

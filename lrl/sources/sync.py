@@ -28,7 +28,7 @@ from lrl.batch import Batch
 from lrl.envs import EnvSpec, FailureInjection
 from lrl.envs.workers import make_tools
 from lrl.sources.base import TaskPicker, rank_seed, score_batch
-from lrl.streams import ENV_FAILURES, SAMPLING, TOOL_LATENCY, stream_seed
+from lrl.streams import ENV_FAILURES, SAMPLING, TOOL_LATENCY, KeyedDraws, stream_seed
 
 
 class SyncSource:
@@ -43,12 +43,14 @@ class SyncSource:
         self.tool_generator = torch.Generator().manual_seed(stream_seed(cfg.seed, TOOL_LATENCY))
         self.picker = TaskPicker(spec.train_tasks, cfg.tasks_per_step, self.generator)
         self.produced = 0
+        self.rank = 0
         self._weights_state: dict | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def bind(self, rank: int, world_size: int) -> None:
         """This rank's share of the tasks and its own seed streams (rank 0 keeps the single-process ones)."""
         self.picker.per_step = self.cfg.tasks_per_step // world_size  # Config checks that it divides
+        self.rank = rank
         self.generator.manual_seed(rank_seed(stream_seed(self.cfg.seed, SAMPLING), rank))
         self.env_generator.manual_seed(rank_seed(stream_seed(self.cfg.seed, ENV_FAILURES), rank))
         self.tool_generator.manual_seed(rank_seed(stream_seed(self.cfg.seed, TOOL_LATENCY), rank))
@@ -80,16 +82,23 @@ class SyncSource:
         return dataclasses.replace(self.spec, make=make)
 
     def engine_options(self) -> dict:
-        """How the sampler's engine runs the batch: lockstep (no options) or slots and environment workers."""
+        """How the sampler's engine runs the batch: lockstep (no options) or slots and environment workers, and
+        with ``paired_streams`` the batch's keyed draws."""
         tools = make_tools(self.cfg, self.tool_generator)
+        keyed = {"draws": self.keyed_draws()} if self.cfg.paired_streams else {}
         if not self.cfg.slots and type(tools).__name__ == "InlineTools":
-            return {}
-        return {"slots": self.cfg.slots or None, "tools": tools, "lockstep": not self.cfg.slots}
+            return keyed
+        return {"slots": self.cfg.slots or None, "tools": tools, "lockstep": not self.cfg.slots, **keyed}
+
+    def keyed_draws(self) -> KeyedDraws:
+        """The draws of the next batch keyed by what they are for (``paired_streams``), from this rank's seed."""
+        return KeyedDraws(rank_seed(stream_seed(self.cfg.seed, SAMPLING), self.rank), self.produced)
 
     def next_batch(self, version: int = 0) -> Batch:
         """Sample, collate and score one batch with the sampler's current behavior weights."""
         start = time.perf_counter()
-        positions = self.picker.choose()
+        draws = self.keyed_draws() if self.cfg.paired_streams else None
+        positions = self.picker.choose(torch.Generator().manual_seed(draws.task_seed()) if draws else None)
         tasks = [self.picker.task(i) for i in positions for _ in range(self.cfg.episodes_per_task)]
         envs: list[FailureInjection] = []
         episodes = self.sampler.sample(

@@ -10,6 +10,7 @@ are shown between [[ and ]].
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -64,18 +65,29 @@ def scripted(model, spec, task, first: str, generator, sampling) -> str:
     return f"--- task {task.task_id}: {turns} actions, reward {result.reward}, invalid {result.info.get('invalid')}\n{text}"
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (0 would show nothing, and -1 every task but one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m lrl.tools.show_episode", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="a save_pretrained folder or a named model (smollm2-135m)")
     p.add_argument("--env", default="tinyagent")
-    p.add_argument("--episodes", type=int, default=1)
+    p.add_argument("--episodes", type=at_least_one, default=1)
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--observation-role", default="user")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heldout", action="store_true", help="the held-out tasks (default: the train tasks)")
     p.add_argument(
-        "--min-turns", type=int, default=1, help="show only episodes of at least this many actions"
+        "--min-turns", type=at_least_one, default=1, help="show only episodes of at least this many actions"
     )
     p.add_argument(
         "--first-action",
@@ -88,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from lrl.envs import make_env, run_tokenizer
     from lrl.kvcache import KVCacheDecoder
     from lrl.policy import load_policy
+    from lrl.preflight import check_model_folder
     from lrl.rollout import run_episodes
 
     try:
@@ -97,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             system_prompt=args.system_prompt,
             observation_role=args.observation_role,
             temperature=args.temperature,
+            seed=args.seed,  # checked as a run's seed is
         )
+        problems = check_model_folder(cfg.model)  # before its tokenizer is looked for in it
+        if problems:
+            raise ConfigError("; ".join(problems))
         spec = make_env(cfg, run_tokenizer(cfg))
         model, _ = load_policy(cfg.model, spec.tok)
     except (ConfigError, ValueError) as err:

@@ -46,6 +46,7 @@ HELP_ONLY = {
     "lrl.experiments.pipeline": "training runs per staleness bound and repeat",
     "lrl.experiments.seeds": "the default run over seeds",
     "lrl.experiments.staleness": "a grid of training runs over seeds",
+    "lrl.experiments.decide": "training runs over rows and paired seeds",
     "lrl.tools.ship_bases": "rebuilds the shipped warm starts",
     "bench/profile_step.py": "training steps of the real model",
     "bench/bench_vs_trl.py": "lrl and TRL training the real model",

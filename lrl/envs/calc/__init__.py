@@ -11,13 +11,12 @@ cores (docs/real_model.md).
 from __future__ import annotations
 
 from lrl.envs.base import EnvSpec
+from lrl.envs.calc.calculator import LINE_CHARACTERS, LONGEST_LINE
 from lrl.envs.calc.env import CalcEnv, evaluate, parse
 from lrl.envs.calc.tasks import CalcTask, make_calc_tasks
 from lrl.registry import ENVS
 
-INSTRUCTIONS = (
-    "You have a calculator. To use it, reply: calc <expression>. To give your final answer, reply: answer <number>."
-)
+INSTRUCTIONS = "You have a calculator. To use it, reply: calc <expression>. To give your final answer, reply: answer <number>."
 ACTION_TOKENS = 40  # the longest reply of one turn, its end-of-turn token included
 CALC_DEFAULTS = {
     "model": "smollm2-135m",
@@ -48,14 +47,35 @@ def _check(cfg) -> list[str]:
 def calc(cfg, tok=None) -> EnvSpec:
     """word problems with a calculator tool, for a chat model (default --model smollm2-135m)"""
     if tok is None or not getattr(tok, "chat", False):
-        raise ValueError("the calc environment needs a chat model's tokenizer: give --model (e.g. smollm2-135m)")
+        from lrl.errors import ConfigError
+
+        source = (
+            f"--tokenizer {cfg.tokenizer}"
+            if cfg.tokenizer
+            else f"--model {cfg.model}"
+            if cfg.model
+            else "none"
+        )
+        raise ConfigError(
+            f"env: calc needs a chat model's tokenizer, and the run's ({source}) has no chat template; give --model "
+            "a chat model (e.g. smollm2-135m)"
+        )
     return calc_spec(tok, cfg.max_turns)
+
+
+def longest_observation(tok) -> int:
+    """Tokens of the longest observation the calculator can give: the template's framing of an empty turn, and
+    the longest line it can answer with, each character as many tokens as the costliest character a line can hold
+    takes alone (a tokenizer never needs more tokens for a text than for its characters one by one)."""
+    per_character = max(len(tok.encode(c)) for c in LINE_CHARACTERS)
+    return len(tok.observation("")) + LONGEST_LINE * per_character
 
 
 def calc_spec(tok, max_turns: int = 3) -> EnvSpec:
     tasks = make_calc_tasks("all")
-    longest_obs = len(tok.observation("calc: 99 * 99 * 99 * 99 = 96059601"))
-    longest = max(len(tok.prompt(t.prompt)) for t in tasks) + max_turns * (ACTION_TOKENS + longest_obs)
+    longest = max(len(tok.prompt(t.prompt)) for t in tasks) + max_turns * (
+        ACTION_TOKENS + longest_observation(tok)
+    )
     return EnvSpec(
         name="calc",
         tok=tok,
@@ -70,4 +90,13 @@ def calc_spec(tok, max_turns: int = 3) -> EnvSpec:
     )
 
 
-__all__ = ["CalcEnv", "CalcTask", "calc", "calc_spec", "evaluate", "make_calc_tasks", "parse"]
+__all__ = [
+    "CalcEnv",
+    "CalcTask",
+    "calc",
+    "calc_spec",
+    "evaluate",
+    "longest_observation",
+    "make_calc_tasks",
+    "parse",
+]

@@ -1,120 +1,139 @@
 """CalcEnv: word problems with a calculator tool, for a chat model.
 
-Replies are free text, read leniently but exactly:
+Replies are free text, read as the model meant them, in one pass over the text (time linear in its length):
 
-- a reply that holds ``calc EXPRESSION`` (also ``calculate``, ``calculator``, with or without a colon; the
-  expression is the arithmetic that follows the word: digits and ``+ - * x / ( )``, at least one operator) calls
-  the calculator with its first such expression: the value is the next turn (``calc: 17 * 25 = 425``);
-- any other reply is an answer: the number after the last ``answer`` in it (``answer 425``, ``the answer is
-  425``), else the last number it holds. The episode ends with reward 1 if that number is exactly the problem's
-  answer, else 0;
-- a reply with neither a calculator call nor a number is malformed (``invalid``, reward 0), as is a call whose
-  expression is not arithmetic.
+1. **An answer it states**: a reply that holds ``answer`` followed by a number (``answer 425``, ``The answer is
+   425``, ``**Answer:** 1,234``, ``answer = 425``) is that answer, the number after the last such ``answer``,
+   whatever else the reply holds: ``The answer is 708 (calc 59*12)`` and ``calc 59 * 12`` then ``answer 708``
+   both answer 708.
+2. **A calculator call**: else, ``calc EXPRESSION`` (also ``calculate``, ``calculator``, with or without a colon;
+   the expression is the arithmetic that follows the word: numbers, ``+ - * x × / ( )``) calls the calculator
+   with the first such expression; its answer is the next turn (``calc: 17 * 25 = 425``). A call the calculator
+   refuses (``calc 5`` and ``calc (5)`` have no operator, ``calc 3 +`` is incomplete) is still a call, answered
+   ``calc: error (no operator)``: the model meant the tool, not an answer. A calculator line that already holds
+   its result, ``calc: 59 * 12 = 708`` (the tool's own line repeated) or ``calc 59*12 = 708``, is a worked
+   result, not a call: reading goes on past it.
+3. **The last number**: else the reply is an answer, its last number (``He now has 25 + 79 = 104 marbles``: 104;
+   ``calc: 59 * 12 = 708``: 708).
+4. A reply with none of these is malformed (``invalid``, reward 0).
 
-A reply cut by the token budget is read as far as it got (a number cut in two is a wrong number) and counted
-(``cut``). Running out of turns on calculator calls is ``truncated``. ``info["metrics"]`` counts the calculator
-calls (``calls``) and the cut replies.
+The episode ends with reward 1 if the answer is exactly the problem's, else 0. Numbers are read exactly, as
+rationals (``answer 9007199254740993`` is that integer, not 2**53). On purpose:
+
+- **Digits are ASCII digits** (0-9). A number in other digits (``٧٠٨``, fullwidth ``７０８``) is not read as one: a
+  reply that holds no other number is malformed.
+- **Exponents are read as their value** in an answer (``answer 1e5`` is 100,000, ``2.5e-3`` is 0.0025); a number
+  of more than :data:`MAX_DIGITS` digits or an exponent beyond :data:`MAX_DIGITS` is read as an answer that is no
+  problem's (reward 0) without being computed. The calculator takes no exponents (``calc: error (a number with an
+  exponent)``).
+- Commas between groups of three digits are thousands separators (``1,234``).
+
+The calculator (:mod:`lrl.envs.calc.calculator`) computes exactly and shows a bounded line, so an episode's
+length has a bound (``max_episode_tokens``). A reply cut by the token budget is read as far as it got (a number
+cut in two is a wrong number) and counted (``cut``). Running out of turns on calculator calls is ``truncated``.
+``info["metrics"]`` counts the calculator calls (``calls``) and the cut replies.
 """
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from lrl.envs.base import StepResult
+from lrl.envs.calc.calculator import OPERATORS, ExpressionError, evaluate, line, number, shown, tokens
 from lrl.envs.calc.tasks import CalcTask
 
-_CALC = re.compile(
-    r"\b(?:calculator|calculate|calc)\b\s*:?\s*(\(*\s*\d[\d\s.]*(?:[+\-*x×/]\s*\(*\s*\d[\d\s.]*\)*\s*)+)"
+CALLS = ("calc", "calculate", "calculator")
+MAX_DIGITS = (
+    100  # digits of a number (or size of its exponent) read as a value; longer is no problem's answer
 )
-_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
-_ANSWER = re.compile(r"answer\s*(?:is)?\s*[:=]?\s*(" + _NUMBER + ")")
-_EXPRESSION = re.compile(r"^[\d\s+\-*x×/().]+$")
-MAX_EXPRESSION = 64  # characters
+_MARKUP = re.compile(r"[`'\"*_]{2,}|[`'\"]")  # markdown emphasis and quotes around what a model writes
+NOTHING = "neither a calculator call nor a number"
 
 
-class ExpressionError(ValueError):
-    pass
+def value_of(text: str) -> Fraction | None:
+    """A number token's exact value; None for one too long to be any problem's answer (never computed)."""
+    mantissa, _, exponent = text.partition("e")
+    if len(mantissa) > MAX_DIGITS or len(exponent.lstrip("+-").lstrip("0")) > 3:
+        return None
+    if exponent and abs(int(exponent)) > MAX_DIGITS:
+        return None
+    return number(text)
 
 
-def evaluate(text: str) -> float:
-    """The value of an arithmetic expression (+ - * / and parentheses over non-negative numbers), without eval."""
-    tokens = re.findall(r"\d+(?:\.\d+)?|[+\-*/()]", text.replace("x", "*").replace("×", "*"))
-    if "".join(tokens) != re.sub(r"\s", "", text.replace("x", "*").replace("×", "*")):
-        raise ExpressionError(f"not an expression: {text!r}")
-    pos = 0
-
-    def peek():
-        return tokens[pos] if pos < len(tokens) else None
-
-    def take():
-        nonlocal pos
-        pos += 1
-        return tokens[pos - 1]
-
-    def atom(depth: int) -> float:
-        token = peek()
-        if token == "(":
-            if depth > 8:
-                raise ExpressionError("too deeply nested")
-            take()
-            value = total(depth + 1)
-            if take_if(")") is None:
-                raise ExpressionError("unbalanced parentheses")
-            return value
-        if token == "-":
-            take()
-            return -atom(depth)
-        if token is None or not token[0].isdigit():
-            raise ExpressionError(f"a number was expected, not {token!r}")
-        return float(take())
-
-    def take_if(token):
-        return take() if peek() == token else None
-
-    def product(depth: int) -> float:
-        value = atom(depth)
-        while peek() in ("*", "/"):
-            op, right = take(), atom(depth)
-            if op == "/" and right == 0:
-                raise ExpressionError("division by zero")
-            value = value * right if op == "*" else value / right
-        return value
-
-    def total(depth: int) -> float:
-        value = product(depth)
-        while peek() in ("+", "-"):
-            op, right = take(), product(depth)
-            value = value + right if op == "+" else value - right
-        return value
-
-    value = total(0)
-    if pos != len(tokens):
-        raise ExpressionError(f"unexpected {peek()!r}")
-    return value
+def _signed(toks, i: int) -> Fraction | None:
+    """The value of the number at toks[i], negative where a minus sign stands right before it as a sign."""
+    value = value_of(toks[i][1])
+    minus = i > 0 and toks[i - 1][1] == "-" and toks[i - 1][3] == toks[i][2]
+    subtracted = i > 1 and (toks[i - 2][0] == "num" or toks[i - 2][1] == ")")  # 59-12: a difference, not -12
+    return -value if minus and not subtracted and value is not None else value
 
 
-def shown(value: float) -> str:
-    """A value as the calculator shows it: an integer without a decimal point, else 4 decimals at most."""
-    return str(int(value)) if float(value).is_integer() else f"{value:.4f}".rstrip("0")
+def _stated_answer(toks) -> int | None:
+    """The index of the number after the last ``answer`` (``answer``, ``answer is``, ``answer:``, ``answer =``)."""
+    found = None
+    for i, (kind, text, _, _) in enumerate(toks):
+        if kind != "word" or text != "answer":
+            continue
+        j = i + 1
+        if j < len(toks) and toks[j][1] == "is":
+            j += 1
+        if j < len(toks) and toks[j][1] in (":", "="):
+            j += 1
+        if j < len(toks) and toks[j][1] == "-" and j + 1 < len(toks) and toks[j + 1][0] == "num":
+            j += 1
+        if j < len(toks) and toks[j][0] == "num":
+            found = j
+    return found
+
+
+def _arithmetic(token) -> bool:
+    kind, text = token[0], token[1]
+    return kind == "num" or (kind == "op" and text in "+-*/×()") or (kind == "word" and text in OPERATORS)
+
+
+def _call(toks) -> tuple[int, int] | None:
+    """The (start, end) token span of the first calculator call's expression that is not a worked result."""
+    i = 0
+    while i < len(toks):
+        if toks[i][0] != "word" or toks[i][1] not in CALLS:
+            i += 1
+            continue
+        j = i + 1
+        if j < len(toks) and toks[j][1] == ":":
+            j += 1
+        start, depth = j, 0
+        while j < len(toks) and _arithmetic(toks[j]):
+            depth += {"(": 1, ")": -1}.get(toks[j][1], 0)
+            if depth < 0:  # a parenthesis the expression did not open: the text around the call closes it
+                break
+            j += 1
+        numbers = any(t[0] == "num" for t in toks[start:j])
+        worked = (
+            j + 1 < len(toks) and toks[j][1] == "=" and (toks[j + 1][0] == "num" or toks[j + 1][1] == "-")
+        )
+        if numbers and not worked:
+            return start, j
+        i = max(j, i + 1)
+    return None
 
 
 def parse(text: str) -> tuple[str, object]:
-    """A reply -> ('calc', expression), ('answer', number) or ('invalid', reason)."""
-    text = re.sub(r"[`'\"*_]{2,}|[`'\"]", "", text).strip().lower()
-    match = _CALC.search(text)
-    if match:
-        expression = match.group(1).strip().rstrip(".").strip()
-        if len(expression) <= MAX_EXPRESSION and _EXPRESSION.match(expression):
-            return "calc", expression
-        return "invalid", "not an arithmetic expression"
-    answers = _ANSWER.findall(text)
-    numbers = answers or re.findall(_NUMBER, text)
-    if not numbers:
-        return "invalid", "neither a calculator call nor a number"
-    try:
-        return "answer", float(numbers[-1].replace(",", ""))
-    except ValueError:
-        return "invalid", "not a number"
+    """A reply -> ('calc', expression), ('answer', exact value or None) or ('invalid', reason); see the module's
+    docstring for the rules."""
+    text = _MARKUP.sub("", text).lower()
+    toks = tokens(text)
+    stated = _stated_answer(toks)
+    if stated is not None:
+        return "answer", _signed(toks, stated)
+    call = _call(toks)
+    if call is not None:
+        start, end = call
+        return "calc", text[toks[start][2] : toks[end - 1][3]]
+    last = next((i for i in range(len(toks) - 1, -1, -1) if toks[i][0] == "num"), None)
+    if last is None:
+        return "invalid", NOTHING
+    return "answer", _signed(toks, last)
 
 
 class CalcEnv:
@@ -144,18 +163,17 @@ class CalcEnv:
         info["metrics"] = {"cut": float(not ended)}
         if kind == "answer":
             self.done = True
-            return StepResult([], float(value == self.task.answer), True, info)
+            return StepResult([], float(value is not None and value == self.task.answer), True, info)
         if kind == "calc":
             info["metrics"]["calls"] = 1.0
-            try:
-                text = f"calc: {value} = {shown(evaluate(value))}"
-            except ExpressionError as err:
-                text = f"calc: error ({err})"
             if self.turns >= self.max_turns:
                 self.done = True
                 info["truncated"] = True
                 return StepResult([], 0.0, True, info)
-            return StepResult(self.tok.observation(text), 0.0, False, info)
+            return StepResult(self.tok.observation(line(value)), 0.0, False, info)
         self.done = True
         info["invalid"] = True
         return StepResult([], 0.0, True, info)
+
+
+__all__ = ["CalcEnv", "ExpressionError", "evaluate", "line", "parse", "shown"]

@@ -14,7 +14,7 @@ memory is the infrastructure's: after ``--env-retries`` fresh tries the episode 
 
 from __future__ import annotations
 
-from lrl.envs.base import StepResult
+from lrl.envs.base import StepResult, small_number
 from lrl.envs.codefix.sandbox.harness import AGENT_KINDS, INFRA_KINDS, PASSED
 from lrl.envs.codefix.tasks import MODULE, CodeTask
 
@@ -53,9 +53,9 @@ class CodeFixEnv:
         if not action or action[-1] != self.tok.eos_id:
             return "invalid", None
         words = self.tok.decode(action[:-1], skip_special=False).split()
-        if len(words) == 2 and words[0] in ("test", "submit") and words[1].isdigit():
-            k = int(words[1])
-            if 1 <= k <= self.task.n:
+        if len(words) == 2 and words[0] in ("test", "submit"):
+            k = small_number(words[1], self.task.n)
+            if k is not None and k >= 1:
                 return words[0], k
         return "invalid", None
 

@@ -8,7 +8,7 @@ reward 0 and is marked ``truncated``. Actions are read as text (``tok.decode``),
 
 from __future__ import annotations
 
-from lrl.envs.base import StepResult
+from lrl.envs.base import StepResult, small_number
 from lrl.envs.tinyagent.tasks import Task
 
 
@@ -40,9 +40,10 @@ class BugFixEnv:
         words = self.tok.decode(action[:-1], skip_special=False).split()
         if words == ["read"]:
             return "read", None
-        if len(words) == 2 and words[0] == "answer" and words[1].isdigit():
-            if int(words[1]) in self.task.candidates:
-                return "answer", int(words[1])
+        if len(words) == 2 and words[0] == "answer":
+            k = small_number(words[1], max(self.task.candidates))
+            if k in self.task.candidates:
+                return "answer", k
         return "invalid", None
 
     def step(self, action: list[int]) -> StepResult:

@@ -1,0 +1,52 @@
+"""The decisive tables' arithmetic: intervals, paired differences, verdicts, and the rows they are read from."""
+
+import math
+
+import pytest
+
+from lrl.experiments.decide import interval, markdown, paired, parse_rows, seeds_needed, verdict
+
+
+def test_the_interval_is_students_t_over_the_seeds():
+    mean, half, sd = interval([0.1, 0.3, 0.2, 0.4])
+    assert mean == pytest.approx(0.25)
+    assert sd == pytest.approx(math.sqrt(((0.15**2) * 2 + (0.05**2) * 2) / 3))
+    assert half == pytest.approx(3.182 * sd / 2)  # t(3) at 95%, over sqrt(4)
+    assert math.isnan(interval([0.5])[1])
+
+
+def test_verdicts_follow_the_interval_of_the_difference():
+    assert verdict((-0.2, 0.1), -1) == "holds"
+    assert verdict((-0.2, 0.3), -1) == "not decided at this power"
+    assert verdict((0.2, 0.1), -1) == "does not hold"
+    assert verdict((0.2, 0.1), +1) == "holds"
+    assert verdict((0.2, float("nan")), +1) == "not decided at this power"
+
+
+def test_paired_differences_use_the_seeds_both_rows_have():
+    rows = {"a": {0: {"m": 0.5}, 1: {"m": 0.7}, 2: {"m": 0.1}}, "b": {0: {"m": 0.4}, 2: {"m": 0.3}}}
+    assert paired(rows, "a", "b", "m") == pytest.approx([0.1, -0.2])
+
+
+def test_seeds_needed_grow_with_the_spread_and_shrink_with_the_effect():
+    assert seeds_needed(0.1, 0.1) == math.ceil((2.8 * 1.0) ** 2)
+    assert seeds_needed(0.2, 0.1) > seeds_needed(0.1, 0.1) > seeds_needed(0.1, 0.2)
+
+
+def test_rows_come_from_presets_and_labels():
+    rows = parse_rows(["fast", "lag 4=--sampler lagged --lag 4"])
+    assert rows == {"on-policy": "", "lag 8": "--sampler lagged --lag 8", "lag 4": "--sampler lagged --lag 4"}
+    with pytest.raises(ValueError, match="LABEL=FLAGS"):
+        parse_rows(["nonsense"])
+
+
+def test_the_table_names_each_claim_it_can_judge():
+    results = []
+    for seed, (on, lag) in enumerate([(0.5, 0.3), (0.6, 0.35), (0.55, 0.3), (0.5, 0.32)]):
+        for row, value in (("on-policy", on), ("lag 8", lag)):
+            results.append({"row": row, "seed": seed, "sampled": value, "greedy": value, "reward": value,
+                            "greedy_first": 0.1, "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0})  # fmt: skip
+    table = markdown(results, ["on-policy", "lag 8"], "on-policy", 0.1, "sampled")
+    assert "| staleness costs (lag 8 below on-policy) |" in table
+    assert "| holds |" in table  # every seed: lag 8 is 0.18 to 0.25 below on-policy
+    assert "TIS recovers" not in table  # its row was not run
