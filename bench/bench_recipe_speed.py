@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from multiprocessing.connection import Listener
 from pathlib import Path
 
@@ -80,14 +79,22 @@ def main(argv=None) -> int:
             for name, listener in listeners.items():
                 conns[name] = listener.accept()
             steps = {name: [] for name in trees}
+            for name, conn in conns.items():
+                wait_ready(name, conn)
             for i in range(args.steps):
                 for name, conn in conns.items():
-                    message = conn.recv()
-                    if message[0] != "ready":
-                        raise RuntimeError(f"{name}: {message}")
                     conn.send("go")
                     _, seconds, record = conn.recv()
                     steps[name].append((seconds, record))
+                    # the other run's step starts only once this one is idle again: at its next gate, or gone
+                    if i + 1 < args.steps:
+                        wait_ready(name, conn)
+                    else:
+                        procs[name].terminate()
+                        try:
+                            procs[name].wait(120)
+                        except subprocess.TimeoutExpired:
+                            procs[name].kill()
                     laps = "  ".join(f"{k[5:]} {record.get(k, 0.0):5.1f}" for k in ("time/sample", "time/old_logp", "time/update"))
                     print(f"step {i} {name:<24} {seconds:6.1f} s  {'skipped' if record.get('train/skipped') else 'trained'}  "
                           f"reward {record.get('train/reward', float('nan')):.3f}  {laps}", flush=True)  # fmt: skip
@@ -103,9 +110,16 @@ def main(argv=None) -> int:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-            time.sleep(0.5)
+            for listener in listeners.values():
+                listener.close()
     report(steps)
     return 0
+
+
+def wait_ready(name: str, conn) -> None:
+    message = conn.recv()
+    if message[0] != "ready":
+        raise RuntimeError(f"{name}: {message}")
 
 
 def report(steps: dict) -> None:

@@ -51,6 +51,7 @@ HELP_ONLY = {
     "bench/profile_step.py": "training steps of the real model",
     "bench/bench_vs_trl.py": "lrl and TRL training the real model",
     "bench/bench_recipe_speed.py": "two training runs of the real model",
+    "bench/profile_decode.py": "samples from the real model",
 }
 
 
