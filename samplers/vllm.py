@@ -232,7 +232,6 @@ class VLLMSampler(BehaviorSampler):
     def _start(self, policy):
         for key, value in ENGINE_ENV.items():
             os.environ.setdefault(key, value)
-        from lrl.decoding import context_length
 
         directory = self.model_dir
         if directory is None:
@@ -250,7 +249,9 @@ class VLLMSampler(BehaviorSampler):
                 kv_cache_memory_bytes=self.kv_cache_mib * 2**20,
                 enforce_eager=True,
                 logprobs_mode="processed_logprobs",
-                max_model_len=self.max_model_len or context_length(policy),
+                # -1: the model's context where the cache holds it, else the longest the cache holds (vLLM's
+                # auto-fit; the preflight has checked that an episode fits), where the context would be refused
+                max_model_len=self.max_model_len or -1,
                 seed=self.seed,
                 enable_prefix_caching=True,
             )

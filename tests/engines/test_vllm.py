@@ -252,3 +252,25 @@ def test_an_engine_that_fails_mid_run_stops_it_with_one_line_and_the_checkpoint_
         fit(run)
     saved = torch.load(run.folder.checkpoints / "last.ckpt", map_location="cpu", weights_only=True)
     assert 0 < saved["global_step"] == len(run.module.history)  # the last finished step is saved
+
+
+def test_a_model_whose_context_outgrows_the_cache_starts_with_the_context_the_cache_holds(tok, spec, format_policy):
+    """A chat model's context (SmolLM2: 8,192 tokens) can need more cache than --vllm-kv-cache gives, where vLLM
+    refuses a context it cannot hold; the engine then starts with the longest sequence the cache holds and samples
+    episodes."""
+    from lrl.rollout import run_episodes
+    from lrl.samplers import VLLMSampler
+
+    policy = copy.deepcopy(format_policy)
+    policy.config.max_position_embeddings = 1 << 20  # about 1 GiB of keys and values: more than 1 MiB holds
+    sampler = VLLMSampler(tok, kv_cache_mib=1)
+    try:
+        sampler.setup(policy, 0)
+        held = sampler.llm.llm_engine.model_config.max_model_len
+        assert spec.max_episode_tokens <= held < 1 << 20
+        episodes = run_episodes(
+            sampler.decoder(), spec, spec.train_tasks[:4], torch.Generator().manual_seed(0), sampler.sampling, 0
+        )
+        assert len(episodes) == 4 and all(any(e.generated) for e in episodes)
+    finally:
+        sampler.close()
