@@ -10,7 +10,10 @@ a rollout backend. The pipeline's parts call the hooks and never ask which polic
   keep it, mask its tokens past the bound, or drop it; before each take it tells :meth:`~StalePolicy.measured` the
   trainer's step times, and logs :meth:`~StalePolicy.metrics` with the batch;
 - a free-running worker (:class:`lrl.pipeline.worker.free.FreeRunning`) calls :meth:`~StalePolicy.published` once
-  for each newer version it sees on the board, with its mechanisms at hand (stop stale episodes, cut groups).
+  for each newer version it sees on the board, with its mechanisms at hand (stop stale episodes, cut groups);
+- the simulator (:mod:`lrl.sim.policy`) builds the same objects from the registry and calls the same hooks on its
+  own schedule and workers, so a plugin's policy is simulated as it runs (:meth:`~StalePolicy.wakes` tells it
+  when a waiting take is to be asked again).
 
 A deterministic run takes batches in order and its workers never stop work (nothing there passes the bound), so
 there only :meth:`~StalePolicy.verdict` applies. Built in: ``drop`` (the default), ``mask``, ``abort``,
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import enum
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -49,6 +51,11 @@ class ScheduleView(Protocol):
     ready: list[tuple[int, list[Any]]]  # finished groups (serial, episodes), in the order they finished
     owner: Mapping[int, int]  # serial -> worker, of every group out
     cutting: set[int] | None  # serials asked to be cut and not answered yet; None when none was asked
+
+    @property
+    def now(self) -> float:
+        """The schedule's clock, in seconds: ``time.monotonic()`` in the pipeline, the simulated time in the
+        simulator (:mod:`lrl.sim.policy`)."""
 
     def ask_cut(self, serials: Sequence[int], now: float) -> None:
         """Ask the workers holding `serials` to send them without their unfinished episodes."""
@@ -94,6 +101,11 @@ class StalePolicy(Protocol):
 
     def metrics(self) -> dict[str, float]:
         """What the policy logs with the batch just taken (``pipeline/...`` keys)."""
+
+    def wakes(self) -> float | None:
+        """While a take waits (:meth:`choose` returned None): when, on the schedule's clock (``schedule.now``), it
+        is to be asked again though no group came; None: only when one comes. The pipeline asks again at every
+        message and at least every poll; the simulator (:mod:`lrl.sim`) asks again at this time."""
 
 
 def register_stale_policy(name: str, *, uses=(), check=None, help: str = ""):
@@ -148,6 +160,9 @@ class Drop:
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+    def wakes(self) -> float | None:
+        return None
 
 
 @register_stale_policy("none")
@@ -208,7 +223,7 @@ class Ordered(Drop):
             math.inf if given is None else float(given)
         )  # seconds a take waits for an earlier group
         self.patience_steps: float | None = None if cfg is None else cfg.take_patience_steps
-        self.deadline: float | None = None  # until when the take going on waits (time.monotonic)
+        self.deadline: float | None = None  # until when the take going on waits (the schedule's clock)
 
     def measured(self, trainer_seconds: Sequence[float]) -> None:
         if self.patience_steps is not None:
@@ -225,7 +240,7 @@ class Ordered(Drop):
             last = ready[earliest_issued(ready, count)[-1]][0]
             earlier = sorted(s for s in schedule.owner if s < last)
             if earlier:
-                now = time.monotonic()
+                now = schedule.now
                 if self.deadline is None:
                     self.deadline = now + self.patience
                 if now < self.deadline:
@@ -238,6 +253,9 @@ class Ordered(Drop):
             schedule.cuts_answered()
         self.deadline = None
         return earliest_issued(ready, count)
+
+    def wakes(self) -> float | None:
+        return self.deadline  # a take waiting for an earlier group asks for its cut then
 
 
 def patience_seconds(steps: float, trainer_seconds: Sequence[float]) -> float:

@@ -110,6 +110,11 @@ class FreeSchedule(_Schedule):
         self.ready = deque(g for i, g in enumerate(self.ready) if i not in chosen)
         return taken
 
+    @property
+    def now(self) -> float:
+        """The clock a staleness policy's take reads (seconds)."""
+        return time.monotonic()
+
     def ask_cut(self, serials: list[int], now: float) -> None:
         """Ask the workers holding `serials` to send each without its unfinished episodes (``outbox``: the source
         sends the Cut messages); the asks are open (``cutting``) until every one is answered."""

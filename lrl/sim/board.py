@@ -17,8 +17,10 @@ it as it is:
   keep room that the slots could use; the controller issues while the trainer waits for data and when it
   publishes, not during a training step;
 - **the consumer-side bound** (``drop``): an episode that started on a version more than ``max_staleness``
-  behind the trainer is dropped when its group is taken; a batch with nothing left is taken again. The other
-  staleness policies (``policy``, lrl's ``--stale-policy``): ``mask`` trains such an episode, its tokens older
+  behind the trainer is dropped when its group is taken; a batch with nothing left is taken again. The
+  staleness policy (``policy``, lrl's ``--stale-policy``) is the pipeline's own object, built from the registry
+  (a plugin's too) and called where the pipeline calls it (:mod:`lrl.sim.policy`); the built-in ones, as the
+  simulator plays them: ``drop`` as above; ``mask`` trains such an episode, its tokens older
   than the bound counted as masked; ``oldest-first`` takes the finished groups whose oldest episode started
   earliest, then drops; ``abort`` stops an episode in flight once the worker sees a version that puts it past
   the bound, and starts its task again first in the worker's queue; ``cut``, once a worker sees the last version
@@ -26,8 +28,8 @@ it as it is:
   unfinished episodes if at least half of it has finished; ``ordered`` takes the earliest issued finished groups
   once no group issued before them is unfinished; once it has waited ``patience`` seconds since a batch's worth
   had finished, it sends every earlier group with at least half finished without its unfinished episodes (as
-  ``cut`` does) and takes without the others (then drops). The policies' names, the throttle and a worker's
-  capacity are the pipeline's own (:mod:`lrl.pipeline.policies`);
+  ``cut`` does) and takes without the others (then drops). The throttle and a worker's capacity are the
+  pipeline's own too (:mod:`lrl.pipeline.policies`);
 - **token staleness**: in the duration model, an episode's tokens are spread over its duration, so an episode
   interrupted by weight switches contributes to each version it ran on in proportion to the time it ran on it
   (an approximation: real tokens come in bursts between tool calls); the load model counts the tokens.
@@ -42,9 +44,10 @@ from __future__ import annotations
 
 import math
 
-from lrl.pipeline.policies import STALE_POLICIES
+from lrl.pipeline.policies import DEFAULT_POLICY
 from lrl.sim.event import EventModel
 from lrl.sim.load import EngineCurve, parse_turns
+from lrl.sim.policy import make_policy
 
 WAIT_SLICE = 0.1  # lrl.envs.workers.WAIT_SLICE: a rollout worker's longest blocking wait for tool answers
 
@@ -73,7 +76,7 @@ def simulate_board(
     trace: list | None = None,
     release: str = "group",
     wait_slice: float | None = None,
-    policy: str = "drop",
+    policy: str = DEFAULT_POLICY,
     tool_servers: int | None = None,
     patience: float = math.inf,
     patience_steps: float | None = None,
@@ -94,7 +97,8 @@ def simulate_board(
     work and new weights only when an answer comes or a wait of this many seconds ends (default
     ``WAIT_SLICE``, lrl's own; 0: at once).
     ``policy``: what the bound does to work past it (lrl's ``--stale-policy``: ``drop``, ``mask``, ``abort``,
-    ``oldest-first``, ``cut``, ``ordered``; with ``drop=True``, see the module's notes).
+    ``oldest-first``, ``cut``, ``ordered``, ``none`` or a plugin's registered name; with ``drop=True``, see the
+    module's notes).
     ``patience``: with ``policy="ordered"``, the seconds the trainer waits for an earlier issued group (lrl's
     ``--take-patience``; ``inf``: until it is back); ``patience_steps``, instead, that many of the trainer's steps
     (lrl's ``--take-patience-steps``: ``patience_steps * train_time`` here, where every step takes that long).
@@ -138,8 +142,7 @@ def simulate_board(
         raise ValueError("release: 'group' or 'episode'")
     if co_run < 1.0 or not math.isfinite(co_run):
         raise ValueError("co_run: a slowdown >= 1")
-    if policy not in STALE_POLICIES:
-        raise ValueError(f"policy: one of {STALE_POLICIES}")
+    make_policy(policy)  # a name not registered is refused here, before anything runs
     return EventModel(
         durs, episodes, n_slots, group_size, groups_per_batch, train_time,
         switch_time, max_staleness, interrupt, steps, workers=workers, drop=drop, sync_before=sync_before,

@@ -252,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     check_sizes(args, parser)
     if args.json and args.trace is None:
         parser.error("--json writes the rows of --trace; give a trace")
+    if args.plugins:  # what they register (a staleness policy) is a choice from here on, as in train.py
+        from lrl.plugins import load
+
+        for problem in load(args.plugins)[:1]:
+            parser.error(problem)
     for problem in cli_problems(args):  # train.py's options by train.py's rules, the outputs: before any work
         parser.error(problem)
     if args.trace is not None:

@@ -4,8 +4,10 @@
 a worker admits, switches or stops work, an episode ends, the trainer takes and trains); its pieces
 (:mod:`lrl.sim.event_state`) are a :class:`Worker`, the :class:`Groups` issued and not yet taken and the
 :class:`Tally` of what was trained and what was wasted. The rules are in :mod:`lrl.sim.board`'s docstring; the
-throttle, a worker's capacity and the staleness policies' names come from :mod:`lrl.pipeline.policies`, as the
-pipeline has them.
+throttle and a worker's capacity come from :mod:`lrl.pipeline.policies`, as the pipeline has them, and the
+staleness policy is the pipeline's own object, built from the registry (:mod:`lrl.sim.policy`): the model calls
+its hooks where the pipeline does (its take, its verdict on each episode taken, a worker seeing a newer version)
+and never asks which policy it holds.
 """
 
 from __future__ import annotations
@@ -14,19 +16,10 @@ import heapq
 import math
 from collections import deque
 
-from lrl.pipeline.policies import (
-    Abort,
-    Cut,
-    Drop,
-    Mask,
-    OldestFirst,
-    Ordered,
-    issue_limit,
-    unit_episodes,
-    worker_capacity,
-)
+from lrl.pipeline.policies import DEFAULT_POLICY, Verdict, issue_limit, unit_episodes, worker_capacity
 from lrl.sim.event_state import Episode, Groups, Tally, Worker
 from lrl.sim.load import LoadEngine
+from lrl.sim.policy import SimSchedule, SimWorker, make_policy
 
 
 class EventModel:
@@ -46,16 +39,11 @@ class EventModel:
             interrupt,
             steps,
         )
-        self.drop, self.co_run, self.trace, self.release, self.slice_s = drop, co_run, trace, release, slice_s
-        self.patience = patience
-        if not drop or sync_before:
-            policy = (
-                Drop.name
-            )  # the throttle alone, or the synchronous stream (nothing is stale): no policy applies
-        self.aborts, self.cuts, self.masks = (policy == p.name for p in (Abort, Cut, Mask))
-        self.order = (
-            policy if policy in (Ordered.name, OldestFirst.name) else None
-        )  # which finished groups first
+        self.co_run, self.trace, self.release, self.slice_s = co_run, trace, release, slice_s
+        if sync_before:  # the synchronous stream: nothing is stale, the policy chosen does not apply
+            policy = DEFAULT_POLICY
+        self.policy = make_policy(policy, drop=drop, patience=patience)  # drop=False: the throttle alone
+        self.schedule = SimSchedule(self, self.policy)  # what the policy's take sees
         self.capacity = worker_capacity(n_slots, unit_episodes(groups_per_batch, workers, group_size))
         self.n_slots = n_slots
         self.pool = [Worker(n_slots) for _ in range(workers)]
@@ -74,9 +62,6 @@ class EventModel:
         self.training_until: float | None = None
         self.step_ends: list[float] = []
         self.step_trained: list[int] = []
-        self.deadline: float | None = (
-            None  # until when the trainer waits for an earlier issued group (ordered)
-        )
 
     # -- the controller -----------------------------------------------------------------------------------
     def issue(self) -> None:
@@ -98,15 +83,14 @@ class EventModel:
 
     # -- the workers --------------------------------------------------------------------------------------
     def admit(self, now: float) -> None:
-        """Each worker that is awake acts on the board (the policy, a switch) and starts what its slots allow."""
+        """Each worker that is awake acts on the board (the policy, once a version, then a switch) and starts
+        what its slots allow."""
         for worker in self.pool:
             if self.slice_s and worker.engine.asleep(now, self.slice_s):
                 continue  # blocked on its tools' answers: it sees the board and its messages later
-            if self.aborts:
-                self.abort_stale(worker, now)
-            if self.cuts and worker.seen < self.version:
+            if worker.seen < self.version:  # a version newer than any it saw: the policy acts on its work
                 worker.seen = self.version
-                self.cut_short(worker, now)
+                self.policy.published(SimWorker(self, worker, now), self.version)
             newer = worker.version < self.version  # a newer version is on the board
             if newer and now >= worker.paused_until and (self.interrupt or not worker.running):
                 self.switch(worker, now)
@@ -163,30 +147,33 @@ class EventModel:
             )
         self.tally.wasted(work)
 
-    def abort_stale(self, worker: Worker, now: float) -> None:
-        """``abort``: stop the episodes in flight that started more than eta versions behind the trainer; their
-        groups' tasks go first in the worker's queue, to start again."""
-        stale = [ep for ep in worker.running.values() if self.version - ep.version > self.eta]
+    def abort_stale(self, worker: Worker, now: float, version: int) -> int:
+        """Stop the episodes in flight that started more than eta versions behind `version`; their groups'
+        tasks go first in the worker's queue, to start again -> how many (WorkerView.abort_stale)."""
+        stale = [ep for ep in worker.running.values() if version - ep.version > self.eta]
         if not stale:
-            return
+            return 0
         self.stop(worker, stale, now)
         for ep in stale:
             worker.queue.appendleft(ep.group)
         self.tally.aborted += len(stale)
+        return len(stale)
 
-    def cut_short(self, worker: Worker, now: float) -> None:
-        """``cut``: send every group at its last version with at least half finished without its unfinished
-        episodes."""
+    def cut_short(self, worker: Worker, now: float, version: int) -> int:
+        """Send every group at its last trainable version at `version` with at least half finished without its
+        unfinished episodes -> how many (WorkerView.cut_stragglers)."""
         w, E, groups = self.pool.index(worker), self.E, self.groups
         mine = [g for g, left in groups.left.items() if groups.worker[g] == w and 2 * (E - left) >= E]
+        cut = 0
         for g in mine:
             oldest = min(ep.version for ep in (*groups.episodes[g], *worker.flying(g)))
-            if self.version - oldest != self.eta:
-                continue
-            self.cut_group(g, now)
+            if version - oldest == self.eta:
+                self.cut_group(g, now)
+                cut += 1
+        return cut
 
     def cut_group(self, g: int, now: float) -> None:
-        """Send group `g` without its unfinished episodes (``cut``, and ``ordered`` out of patience)."""
+        """Send group `g` without its unfinished episodes (its worker cuts it, or answers an ask to)."""
         worker = self.pool[self.groups.worker[g]]
         flying = worker.flying(g)
         self.stop(worker, flying, now)
@@ -199,9 +186,10 @@ class EventModel:
 
     # -- the trainer --------------------------------------------------------------------------------------
     def take(self) -> list[Episode] | None:
-        """The trainer's next batch: G finished groups, stale episodes dropped (None: not enough yet)."""
+        """The trainer's next batch: G finished groups as the policy chooses them, its verdict applied (None:
+        not enough yet, or the policy waits)."""
         while len(self.groups.finished) >= self.G:
-            groups = self.choose()
+            groups = self.schedule.take()
             if groups is None:
                 return None
             batch = self.screen(groups)
@@ -209,48 +197,20 @@ class EventModel:
                 return batch
         return None
 
-    def choose(self) -> list[int] | None:
-        """The G finished groups the batch takes, as the policy orders them (None: wait, ``ordered``)."""
-        finished, G = self.groups.finished, self.G
-        if self.order == Ordered.name:
-            return self.choose_ordered()
-        if self.order == OldestFirst.name:  # the groups whose oldest episode started earliest, stable
-            episodes = self.groups.episodes
-            groups = sorted(finished, key=lambda g: min(ep.version for ep in episodes[g]))[:G]
-            self.groups.keep_unchosen(groups)
-            return groups
-        return [finished.popleft() for _ in range(G)]
-
-    def choose_ordered(self) -> list[int] | None:
-        """``ordered``: the G earliest issued, waiting up to ``patience`` s for any issued before them; then
-        every such group with at least half finished is sent without the rest, and the others are not waited
-        for."""
-        groups, left = sorted(self.groups.finished)[: self.G], self.groups.left
-        if left and min(left) < groups[-1]:  # an earlier group is still in flight
-            if self.deadline is None:
-                self.deadline = self.t + self.patience
-            if self.t < self.deadline:
-                return None
-            for g in sorted(x for x in left if x < groups[-1]):
-                if 2 * (self.E - left[g]) >= self.E:  # at least half finished: sent without the rest
-                    self.cut_group(g, self.t)
-            groups = sorted(self.groups.finished)[: self.G]
-        self.deadline = None
-        self.groups.keep_unchosen(groups)
-        return groups
-
     def screen(self, groups: list[int]) -> list[Episode]:
-        """The episodes of `groups` the bound lets the trainer train (the rest are dropped)."""
-        batch, tokens = [], self.tally.tokens
-        drops = self.drop and not self.masks
+        """The episodes of `groups` the policy's verdict lets the trainer train, masked or whole (the rest are
+        dropped). An episode shows the policy the version it started on, its oldest token's."""
+        batch, tokens, oldest = [], self.tally.tokens, self.version - self.eta
         for g in groups:
             for ep in self.groups.episodes.pop(g):
                 work = ep.work(self.load)
                 tokens["decoded"] += work
-                if drops and self.version - ep.version > self.eta:
+                verdict = self.policy.verdict((ep.version,), oldest)
+                if verdict is Verdict.DROP:
                     self.tally.dropped += 1
                     tokens["wasted"] += work
                 else:
+                    ep.masked = verdict is Verdict.MASK
                     batch.append(ep)
         return batch
 
@@ -262,22 +222,23 @@ class EventModel:
             tally.trained += 1
             tally.trained_seconds += ep.end - ep.start
             oldest = version - ep.version
-            if self.masks:
+            if ep.masked:
                 oldest = min(oldest, eta)  # its older tokens are masked, not trained
             tally.episode(oldest)
             if self.load:
                 for v, n in ep.tokens:
-                    self.count(version - v, n)
+                    self.count(version - v, n, ep.masked)
                 continue
             marks = [(ep.start, ep.version), *ep.switches, (ep.end, None)]
             total = max(ep.end - ep.start, 1e-12)
             for (a, v), (b, _) in zip(marks, marks[1:]):
-                self.count(version - v, (b - a) / total)
+                self.count(version - v, (b - a) / total, ep.masked)
         self.training_until = now + self.train_time
 
-    def count(self, age: int, amount: float) -> None:
-        """Trained tokens (or token-time) of staleness `age`; with ``mask``, those past the bound are masked."""
-        if self.masks and age > self.eta:
+    def count(self, age: int, amount: float, masked: bool) -> None:
+        """Trained tokens (or token-time) of staleness `age`; of an episode the verdict masks, those past the
+        bound are masked."""
+        if masked and age > self.eta:
             self.tally.tokens["masked"] += amount
             self.tally.tokens["wasted"] += amount
         else:
@@ -316,13 +277,14 @@ class EventModel:
 
     def next_time(self) -> float:
         """When the next thing happens: a step ends, a load ends, an episode or action ends, a tool answers, a
-        worker wakes, an ordered take's patience runs out."""
+        worker wakes, the time a waiting take asks to be asked again (the policy's wakes())."""
         t = self.t
         pauses = [wk.paused_until for wk in self.pool if wk.paused_until > t]
         step = [self.training_until] if self.training_until is not None else []
         t_next = min([*step, *pauses], default=math.inf)
-        if self.training_until is None and self.deadline is not None:
-            t_next = min(t_next, max(self.deadline, t))
+        wake = self.policy.wakes() if self.training_until is None else None
+        if wake is not None:
+            t_next = min(t_next, max(wake, t))
         for wk in self.pool:
             if wk.ends:
                 t_next = min(t_next, wk.ends[0][0])
@@ -358,6 +320,7 @@ class EventModel:
         """Simulate until the trainer has made its steps -> the result (:func:`lrl.sim.board.simulate_board`)."""
         self.issue()
         self.admit(self.t)
+        self.policy.measured([])
         while self.version < self.steps:
             if self.training_until is None:
                 batch = self.take()
@@ -370,6 +333,7 @@ class EventModel:
                 self.training_until = None
                 self.version += 1
                 self.step_ends.append(self.t)
+                self.policy.measured([self.train_time] * min(self.version, 16))  # the trainer's last steps
                 self.issue()  # the controller issues when it publishes
             if self.training_until is None:
                 self.issue()  # and while the trainer waits for data

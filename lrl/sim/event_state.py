@@ -27,6 +27,7 @@ class Episode:
     tokens: list = field(default_factory=list)
     began: float = 0.0  # engine steps when its current action (or what is left of it after a switch) began
     cur_version: int = 0  # the weights its current action decodes with
+    masked: bool = False  # trained with its tokens past the bound masked (the policy's verdict)
 
     def work(self, load: bool) -> float:
         """What it decoded: its tokens (the load model), or one unit of work (the duration model)."""

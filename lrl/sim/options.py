@@ -239,8 +239,18 @@ def add_trace(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="P",
         help="with a turn trace: plan the async designs under the hard bound, once with each staleness policy "
-        "(lrl's --stale-policy: " + " ".join(STALE_POLICIES) + "), with their waste; default: the "
-        "throttle alone",
+        "(lrl's --stale-policy: "
+        + " ".join(STALE_POLICIES)
+        + ", or one that --plugins registers), with their "
+        "waste; default: the throttle alone",
+    )
+    g.add_argument(
+        "--plugins",
+        nargs="+",
+        default=[],
+        metavar="MODULE",
+        help="modules to import first, as train.py's --plugins (from the current folder or the Python path): a "
+        "staleness policy one registers is simulated with --policies as lrl runs it",
     )
     g.add_argument(
         "--take-patience",

@@ -142,6 +142,18 @@ def read_turn_trace(path: str) -> TurnTrace:
     return trace
 
 
+def _drop_like(policies: list[str]) -> dict[str, bool]:
+    """Each of `policies` (lrl's --stale-policy, a plugin's included) -> whether it acts as ``drop`` does (what
+    the windowed model covers); ValueError naming those not registered."""
+    from lrl.registry import STALENESS
+    from lrl.sim.policy import acts_as_drop
+
+    unknown = [x for x in policies if x not in STALENESS]
+    if unknown:
+        raise ValueError(f"unknown staleness policy {unknown}: choose from {list(STALENESS)}")
+    return {p: acts_as_drop(p) for p in policies}
+
+
 def plan_turns(
     trace: TurnTrace,
     slots: list[int],
@@ -159,22 +171,20 @@ def plan_turns(
     """Every design at every slot count (per worker, on `workers` workers, each its own engine) -> rows.
     `given` (train_s, sync_s, batch, group, co_run) overrides the trace; `engine` (an EngineCurve) too.
     `policies`: the async designs under the hard bound, once with each staleness policy (lrl's
-    ``--stale-policy``), instead of with the throttle alone; ``ordered`` once with each of `patience` (seconds)
-    and of `patience_steps` (trainer steps; neither: it waits for every earlier group). `model`: ``event``
-    (lrl.sim.board, event by event), ``windowed`` (lrl.sim.windowed: numpy windows, for large slot counts; the
-    throttle alone and ``drop``, tools at once) or ``auto`` (windowed from WINDOWED_FROM slots a worker where it
+    ``--stale-policy``: any registered name, a plugin's included), instead of with the throttle alone; a policy
+    with a take patience (``ordered``) once with each of `patience` (seconds) and of `patience_steps` (trainer
+    steps; neither: it waits for every earlier group). `model`: ``event`` (lrl.sim.board, event by event),
+    ``windowed`` (lrl.sim.windowed: numpy windows, for large slot counts; the throttle alone and a policy that
+    acts as ``drop`` does, tools at once) or ``auto`` (windowed from WINDOWED_FROM slots a worker where it
     applies, else event). `progress(done, total,
     row)`, if given, is called after each row."""
-    from lrl.pipeline.policies import STALE_POLICIES, Drop, Ordered
+    from lrl.pipeline.policies import DEFAULT_POLICY, takes_patience
     from lrl.sim.board import Steps, simulate_board
     from lrl.sim.windowed import simulate_windowed
 
     if model not in MODELS:
         raise ValueError(f"model: one of {MODELS}")
-
-    unknown = [x for x in policies or [] if x not in STALE_POLICIES]  # lrl's --stale-policy
-    if unknown:
-        raise ValueError(f"unknown staleness policy {unknown}: choose from {list(STALE_POLICIES)}")
+    drop_like = _drop_like(policies or [])  # what the windowed model covers
 
     s = {**trace.settings, **{k: v for k, v in given.items() if v is not None}}
     curve = engine or trace.engine
@@ -194,7 +204,7 @@ def plan_turns(
     variants = []  # (policy, its patience: seconds, or a Steps in trainer steps)
     for policy in policies or [None]:
         waits = [*(patience or []), *(Steps(k) for k in patience_steps or [])]
-        waits = (waits or [None]) if policy == Ordered.name else [None]
+        waits = (waits or [None]) if policy is not None and takes_patience(policy) else [None]
         variants += [(policy, w) for w in waits]
     for k in bounds:
         for policy, wait in variants:
@@ -206,7 +216,8 @@ def plan_turns(
     total = len(slots) * len(designs)
     for n in slots:
         for name, eta, interrupt, sync, policy, wait in designs:
-            windowed = policy in (None, Drop.name) and servers is None  # what the windowed model covers
+            # what the windowed model covers: the throttle alone, a policy that acts as drop, tools at once
+            windowed = (policy is None or drop_like[policy]) and servers is None
             if model == "windowed" and not windowed:
                 raise ValueError(
                     "the windowed model covers the throttle alone and --stale-policy drop with tools at once; "
@@ -227,7 +238,7 @@ def plan_turns(
             else:
                 r = simulate_board(
                     None, *common, drop=policy is not None, sync_before=sync, workers=workers,
-                    turns=trace.episodes, engine=curve, co_run=1.0 if sync else co, policy=policy or Drop.name,
+                    turns=trace.episodes, engine=curve, co_run=1.0 if sync else co, policy=policy or DEFAULT_POLICY,
                     tool_servers=servers, patience=math.inf if wait is None or isinstance(wait, Steps) else wait,
                     patience_steps=float(wait) if isinstance(wait, Steps) else None,
                 )  # fmt: skip
@@ -272,8 +283,9 @@ def turn_lines(trace: TurnTrace, rows: list[dict], settings: dict) -> list[str]:
         "",
     ]
     policies = any(r.get("policy") for r in rows)  # the hard bound, a staleness policy per row
+    width = max([12, *(len(r.get("policy") or "") for r in rows)])  # a plugin's name may be longer
     head = f"{'slots':>6} x {'workers':<7} | {'design':<24} | "
-    head += f"{'policy':<12} | " if policies else ""
+    head += f"{'policy':<{width}} | " if policies else ""
     out.append(
         head
         + f"{'episodes/s':>10} | {'slot util':>9} | staleness mean, max"
@@ -281,7 +293,7 @@ def turn_lines(trace: TurnTrace, rows: list[dict], settings: dict) -> list[str]:
     )
     for r in rows:
         line = f"{r['slots']:>6} x {r['workers']:<7} | {r['design']:<24} | "
-        line += f"{r.get('policy') or '-':<12} | " if policies else ""
+        line += f"{r.get('policy') or '-':<{width}} | " if policies else ""
         line += f"{r['episodes_per_s']:10.3f} | {r['slot_utilization']:9.2f} | {r['staleness_mean']:.2f}, {r['staleness_max']}"
         line += f" | {100 * r['wasted_share']:5.1f}%" if policies else ""
         out.append(line + (" w" if r.get("model") == "windowed" else "") + (" *" if r["cycled"] else ""))

@@ -139,7 +139,7 @@ def test_oldest_first_takes_the_groups_closest_to_the_bound():
 
 
 def test_ordered_takes_the_earliest_issued_groups_and_waits_for_an_earlier_one(monkeypatch):
-    from lrl.pipeline import policies as module
+    from lrl.pipeline import schedule as module  # the clock the take reads (schedule.now)
     from lrl.pipeline.messages import CutDone, GroupDone
 
     clock = [100.0]

@@ -78,15 +78,16 @@ def finish_groups(m: EventModel, groups: dict[int, list[int]]) -> None:
 
 
 def test_the_policies_choose_the_groups_of_a_batch():
+    # the model's schedule asks the pipeline's policy object (lrl.sim.policy): its choice, in its order
     fifo = model()
     finish_groups(fifo, {3: [2, 2], 1: [0, 2], 2: [1, 1]})
-    assert fifo.choose() == [3, 1] and list(fifo.groups.finished) == [2]
+    assert fifo.schedule.take() == [3, 1] and list(fifo.groups.finished) == [2]
     oldest = model(policy="oldest-first")
     finish_groups(oldest, {3: [2, 2], 1: [0, 2], 2: [1, 1]})
-    assert oldest.choose() == [1, 2] and list(oldest.groups.finished) == [3]  # oldest episodes started first
+    assert oldest.schedule.take() == [1, 2] and list(oldest.groups.finished) == [3]  # oldest episodes first
     ordered = model(policy="ordered")
     finish_groups(ordered, {3: [2, 2], 1: [0, 2], 2: [1, 1]})
-    assert ordered.choose() == [1, 2] and list(ordered.groups.finished) == [3]  # the earliest issued
+    assert ordered.schedule.take() == [1, 2] and list(ordered.groups.finished) == [3]  # the earliest issued
 
 
 def test_ordered_waits_for_an_earlier_group_then_cuts_those_half_finished():
@@ -99,12 +100,12 @@ def test_ordered_waits_for_an_earlier_group_then_cuts_those_half_finished():
     m.groups.open(1, 0, 2)  # none of its episodes finished, one waits in the queue
     m.pool[0].queue.append(1)
     m.pool[0].held = 4
-    assert m.choose() is None and m.deadline == 2.0  # it waits, from now (t = 0) for 2 s
+    assert m.schedule.take() is None and m.policy.wakes() == 2.0  # it waits, from now (t = 0) for 2 s
     m.t = 1.5
-    assert m.choose() is None
+    assert m.schedule.take() is None
     m.t = 2.0
-    assert m.choose() == [0, 2]  # group 0 was sent without its straggler; group 1 is not waited for
-    assert m.tally.cut == 1 and m.groups.left == {1: 2} and not m.pool[0].running and m.deadline is None
+    assert m.schedule.take() == [0, 2]  # group 0 was sent without its straggler; group 1 is not waited for
+    assert m.tally.cut == 1 and m.groups.left == {1: 2} and not m.pool[0].running and m.policy.wakes() is None
     assert list(m.groups.finished) == [3] and m.pool[0].held == 2  # group 0 no longer held
 
 
@@ -114,7 +115,7 @@ def test_abort_stops_the_episodes_past_the_bound_and_starts_their_tasks_again_fi
     old, fresh = running(m, 0, 7, 1), running(m, 0, 8, 2)
     m.pool[0].queue = deque([9])
     m.t = 0.5
-    m.abort_stale(m.pool[0], 0.5)
+    assert m.abort_stale(m.pool[0], 0.5, m.version) == 1
     assert list(m.pool[0].running) == [fresh.index] and list(m.pool[0].queue) == [old.group, 9]
     assert m.tally.aborted == 1 and m.tally.launched == [0.5]
     assert m.tally.tokens["wasted"] == 0.5  # half its unit of work, decoded and lost
@@ -127,11 +128,8 @@ def test_cut_sends_a_group_at_its_last_version_when_half_has_finished():
     m.groups.episodes[5] = [Episode(0, 5, 1.0, 0.0, 1.0, 1)]
     running(m, 0, 5, 1)
     m.pool[0].held = 2
-    m.version = 1
-    m.cut_short(m.pool[0], 0.0)
-    assert m.tally.cut == 0  # version 1 is not its last (1 + eta)
-    m.version = 2
-    m.cut_short(m.pool[0], 0.0)
+    assert m.cut_short(m.pool[0], 0.0, 1) == 0 and m.tally.cut == 0  # version 1 is not its last (1 + eta)
+    assert m.cut_short(m.pool[0], 0.0, 2) == 1
     assert m.tally.cut == 1 and list(m.groups.finished) == [5] and m.pool[0].held == 0
 
 
