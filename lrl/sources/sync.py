@@ -67,6 +67,9 @@ class SyncSource:
     def close(self) -> None:
         self.sampler.close()  # an engine (vLLM) shuts down with the run
 
+    def sampler_traits(self):
+        return self.sampler.traits
+
     # -- batches ----------------------------------------------------------------------------------------
     def failing_spec(self, made: list[FailureInjection]) -> EnvSpec:
         """The env spec whose envs inject this run's worker failures; it records the envs it makes."""
@@ -106,7 +109,7 @@ class SyncSource:
         )
         if len(envs) != len(episodes):
             raise RuntimeError(
-                f"sampler {getattr(self.sampler, 'name', '?')!r} did not build one env per episode "
+                f"sampler {self.sampler.name!r} did not build one env per episode "
                 "with spec.make(), so environment failures cannot be injected"
             )
         batch = score_batch(episodes, self.spec, self.cfg)
