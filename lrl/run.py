@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from lrl.checkpoint import StoppedBeforeTraining
+from lrl.checkpoint import GracefulStop, StoppedBeforeTraining
 from lrl.config import Config, ConfigError
 from lrl.envs import run_tokenizer  # noqa: F401  (the run's tokenizer; imported from here by tools)
 
@@ -45,7 +45,7 @@ class Run:
     @property
     def stopped_by(self) -> int | None:
         """The signal that stopped the run early (SIGINT, SIGTERM), if one did."""
-        stop = next((c for c in self.trainer.callbacks if type(c).__name__ == "GracefulStop"), None)
+        stop = next((c for c in self.trainer.callbacks if isinstance(c, GracefulStop)), None)
         return stop.stopped if stop is not None else None
 
 
