@@ -1,6 +1,7 @@
-"""The sampler contract (samplers/base.py's ``Sampler`` Protocol): the mismatch split and the memory plan ask a
-sampler for its ``traits``, never its name or class, so a plugin's sampler gets both by declaring them
-(tests/plugins/rounded_sampler.py), and the built-in ones keep the figures they always had."""
+"""The sampler contract (samplers/base.py's ``Sampler`` Protocol): the mismatch split and the memory plan ask
+a sampler for its ``traits``, never its name or class, so a user's sampler gets both by declaring them (the
+``rounded_bf16`` sampler of examples/my_plugin.py, docs/extending.md); the built-in ones keep their figures.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from lrl.policy import make_policy
 from lrl.run import build_run, fit
 
 ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
 TOK = types.SimpleNamespace(pad_id=0, eos_id=1)  # the samplers keep it; nothing here decodes
 PARTS = ("staleness", "quantization", "engine", "rest")
 PROBES = ("getattr", "hasattr")
@@ -28,7 +30,9 @@ PROBES = ("getattr", "hasattr")
 
 @pytest.fixture
 def plugins(monkeypatch):
+    """The coin environment (tests/plugins) and the user's plugin of examples/, importable by name."""
     monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.syspath_prepend(str(EXAMPLES))
 
 
 BUILT_IN = [
@@ -76,14 +80,16 @@ def test_the_memory_plan_counts_the_built_in_samplers_copies_as_before(options, 
     assert budget.static_bytes(cfg, params, sampler) == trainer + copies * params
 
 
-def test_an_entry_without_a_declaration_is_asked_through_its_sampler(plugins):
-    for name in ("rounded", "rounded_undeclared"):
-        cfg = Config(plugins=["rounded_sampler"], sampler=name, temperature=0.5)  # imports the plugin
-        import rounded_sampler
+def test_an_entry_without_a_declaration_is_asked_through_its_sampler(plugins, monkeypatch):
+    cfg = Config(plugins=["my_plugin"], sampler="rounded_bf16", temperature=0.5)  # imports the plugin
+    import my_plugin
 
+    entry = samplers.SAMPLERS["rounded_bf16"]
+    for declared in (entry, dataclasses.replace(entry, traits=None)):
+        monkeypatch.setitem(samplers.SAMPLERS.entries, entry.name, declared)
         traits = samplers.sampler_traits(cfg, TOK)
-        assert traits.transform is rounded_sampler.round_bf16 and traits.sampling.temperature == 0.5
-        assert traits.kept_bytes(10) == 40 + rounded_sampler.BUFFER
+        assert traits.transform is my_plugin.round_bf16 and traits.sampling.temperature == 0.5
+        assert traits.kept_bytes(10) == 40 + my_plugin.BUFFER
 
 
 @pytest.mark.parametrize("options", BUILT_IN)
@@ -124,23 +130,23 @@ def test_the_split_of_an_asynchronous_run_reads_the_declared_traits(tok):
 
 
 def test_the_split_and_the_memory_plan_of_a_plugin_sampler(smollm2_cut, plugins):
-    """A sampler of the Protocol alone, rounding the trainer's weights to bfloat16: the memory plan adds the copy
-    and the buffer it declares, and the split puts its mismatch in the quantization part (its declared
+    """A sampler of the Protocol alone, rounding the trainer's weights to bfloat16: the memory plan adds the
+    copy and the buffer it declares, and the split puts its mismatch in the quantization part (its declared
     transform), none in staleness; the parts add up to the total."""
-    import rounded_sampler
-
     split = MismatchSplit(every=1, rows=4)
-    plugin = dict(plugins=["coin_env", "rounded_sampler"], sampler="rounded")
+    plugin = dict(plugins=["coin_env", "my_plugin"], sampler="rounded_bf16")
     cfg = real_cfg(smollm2_cut, **plugin, tasks_per_step=4, memory_budget=4)  # 16 episodes: a chunked plan
     run = build_run(cfg, logger=False, callbacks=[split])
+    import my_plugin
+
     params = budget.parameter_count(cfg)
     plan = run.module.memory
     assert plan.chunked and params > 0
-    assert plan.static == budget.PROCESS_BYTES + 16 * params + 4 * params + rounded_sampler.BUFFER
+    assert plan.static == budget.PROCESS_BYTES + 16 * params + 4 * params + my_plugin.BUFFER
     fit(run)
-    assert split.traits.transform is rounded_sampler.round_bf16 and split.traits.decode == "trainer"
+    assert split.traits.transform is my_plugin.round_bf16 and split.traits.decode == "trainer"
     assert split.window == 1  # no staleness declared: only the split steps' own weights are kept
-    for h in run.module.history:  # measured: quantization 0.008 and 0.017, staleness 0 and 3e-6 (rescoring)
+    for h in run.module.history:  # measured: quantization 0.008 and 0.017; staleness 0 and 3e-6 (rescoring)
         assert h["mismatch/part/staleness_abs"] < 1e-5  # sampled with the weights of the step that trains it
         assert h["mismatch/part/quantization_abs"] > 1e-3  # bfloat16 rounding of every weight
         assert h["mismatch/part/engine_abs"] < 1e-6  # the same full forwards on the same rounded weights
@@ -150,8 +156,8 @@ def test_the_split_and_the_memory_plan_of_a_plugin_sampler(smollm2_cut, plugins)
 
 
 def test_the_split_and_the_budget_ask_the_sampler_not_what_it_is():
-    """Neither reads the configured sampler's name, compares anything with a sampler's name or probes a sampler's
-    attributes; no class is told by its name in the run or the synchronous source."""
+    """Neither reads the configured sampler's name, compares anything with a sampler's name or probes a
+    sampler's attributes; no class is told by its name in the run or the synchronous source."""
     names = set(samplers.SAMPLERS)
     for path in ("callbacks/mismatch_split.py", "lrl/budget.py"):
         tree = ast.parse((ROOT / path).read_text())
