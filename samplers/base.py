@@ -133,8 +133,8 @@ class BehaviorSampler:
         precision: str = "fp32",
     ) -> Traits:
         """The traits of the sampler these arguments build, known before it is built: the weights `lag` updates
-        old, `transform`-ed, decoded as the trainer decodes; it keeps lag + 1 versions and the behavior model
-        (fp32 copies)."""
+        old, `transform`-ed, decoded by `decode` under `precision`; it keeps lag + 1 versions and the behavior
+        model (fp32 copies)."""
         copies = 4 * (lag + 2)
         return Traits(
             sampling or Sampling(), lag, transform, decode, precision=precision, bytes_per_parameter=copies
