@@ -21,46 +21,34 @@ the total divides: ``mismatch/part/<name>`` is the mean over the sampled tokens 
 (1 - |rest| / |total|, token-weighted means). ``mismatch/part/seconds`` is what the split cost this step.
 
 The weights of the versions a later split will need are kept as CPU copies, only from ``window`` steps before
-each split step (``window``: how stale a token can be, the sampler's lag or the pipeline's bound).
+each split step (``window``: how stale a token can be, the sampler's declared staleness or the pipeline's bound).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
 
 from lrl.callbacks._common import log_scalars, published
 
+if TYPE_CHECKING:
+    from lrl.samplers.base import Traits
+
 PARTS = ("staleness", "quantization", "engine", "rest")
 
 
-@dataclass
-class Numerics:
-    """How the behavior sampler computes its log-probs: its weight transform, decode path and arithmetic."""
-
-    transform: object = None  # in-place transform of a model's weights (FP8 rounding), or None
-    decode: str = "trainer"  # 'trainer' or 'kvcache'
-    dtype: torch.dtype = torch.float32  # the dtype of the sampler's weight copy
-    precision: str = "fp32"  # the autocast the sampler decodes under ('fp32', 'bf16' or 'fp16')
-    sampling: object = None  # lrl.decoding.Sampling: temperature, top-k, top-p
-
-
-def sampler_numerics(sampler, policy, cfg) -> Numerics:
-    """The numerics of a behavior sampler object (its decode 'auto' and precision resolved for `policy`)."""
-    from lrl.decoding import Sampling
+def resolved(traits: Traits, policy: torch.nn.Module) -> Traits:
+    """A sampler's traits with its decode path and arithmetic fixed for `policy` (their
+    'auto' depends on the model's size)."""
     from lrl.precision import resolve_decode, resolve_precision
 
-    dtype = getattr(sampler, "dtype", torch.float32)
-    dtype = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), torch.float32)
-    engine = hasattr(sampler, "dtype")  # the engine samplers decode with a KV cache in their own dtype
-    decode = "kvcache" if engine else resolve_decode(getattr(sampler, "decode", "trainer"), policy)
-    precision = "fp32" if engine else resolve_precision(getattr(sampler, "precision", "fp32"), policy)
-    sampling = getattr(sampler, "sampling", None) or Sampling(cfg.temperature)
-    return Numerics(getattr(sampler, "transform", None), decode, dtype, precision, sampling)
+    decode, precision = resolve_decode(traits.decode, policy), resolve_precision(traits.precision, policy)
+    return dataclasses.replace(traits, decode=decode, precision=precision)
 
 
 class MismatchSplit(L.Callback):
@@ -69,31 +57,29 @@ class MismatchSplit(L.Callback):
     Args:
         every: split every this many steps (step 0 included).
         rows: episodes sampled from the batch for the split (the ones with action tokens first).
-        window: the most versions a token can lag the trainer (None: from the run's config).
-        numerics: the sampler's numerics (None: built from the run's config and sampler at the start of the fit).
+        window: the most versions a token can lag the trainer (None: the sampler's staleness, or the asynchronous
+            pipeline's bound).
+        traits: the sampler's transforms (None: the run's sampler's, asked through its source at the start of the
+            fit).
     """
 
-    def __init__(self, every: int = 10, rows: int = 8, window: int | None = None, numerics: Numerics | None = None):
+    def __init__(
+        self, every: int = 10, rows: int = 8, window: int | None = None, traits: Traits | None = None
+    ):
         super().__init__()
         if every < 1 or rows < 1:
             raise ValueError(f"every and rows must be >= 1; got {every}, {rows}")
-        self.every, self.rows, self.window, self.numerics = every, rows, window, numerics
+        self.every, self.rows, self.window, self.traits = every, rows, window, traits
         self.kept: dict[int, dict[str, torch.Tensor]] = {}  # version -> CPU copy of its weights
         self.last: dict[str, float] = {}
 
     # -- what the split needs ----------------------------------------------------------------------------
     def on_fit_start(self, trainer, pl_module) -> None:
         cfg = pl_module.cfg
+        traits = self.traits or pl_module.source.sampler_traits()
         if self.window is None:
-            lag = cfg.max_staleness if cfg.pipeline == "async" else cfg.lag + max(cfg.sync_every - 1, 0)
-            self.window = lag + 1
-        if self.numerics is None:
-            sampler = getattr(pl_module.source, "sampler", None)
-            if sampler is None:  # async: the workers hold theirs; the same factory says how it computes
-                from lrl.samplers import make_sampler
-
-                sampler = make_sampler(cfg, pl_module.spec.tok)
-            self.numerics = sampler_numerics(sampler, pl_module.policy, cfg)
+            self.window = (cfg.max_staleness if cfg.pipeline == "async" else traits.staleness) + 1
+        self.traits = resolved(traits, pl_module.policy)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         version = pl_module.version
@@ -132,7 +118,7 @@ class MismatchSplit(L.Callback):
         chain = [record.old_logp[rows].cpu().float()]  # trainer weights, trainer numerics
         scratch = copy.deepcopy(pl_module.policy).cpu().eval()
         stale, transformed, engine = (torch.zeros_like(total) for _ in range(3))
-        n = self.numerics
+        n = self.traits
         for version in versions[mask].unique().tolist():
             if version not in self.kept:
                 return {}  # the weights of that version were not kept (a resumed run's first split)
@@ -165,7 +151,7 @@ class MismatchSplit(L.Callback):
         from lrl.logprobs import token_log_probs
         from lrl.precision import autocast
 
-        n = self.numerics
+        n = self.traits
         net = model if n.dtype == torch.float32 else copy.deepcopy(model).to(n.dtype)
         out = torch.zeros(mask.shape, dtype=torch.float32)
         if n.decode == "trainer":

@@ -6,20 +6,23 @@ Each registers itself with lrl when this module is imported; docs/extending.md e
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from dataclasses import dataclass
 
 import lightning as L
+import torch
 
 import lrl.envs
 import lrl.masks
 import lrl.weights
 from lrl import callbacks, samplers
-from lrl.decoding import Sampling
+from lrl.decoding import Sampling, TrainerStyleDecoder
 from lrl.envs import EnvSpec, StepResult
 from lrl.pipeline.policies import Drop, register_stale_policy
 from lrl.policy import make_policy
+from lrl.rollout import run_episodes
 from lrl.tokenizers import WordTokenizer
 from lrl.warmstart import fit_demonstrations
 
@@ -46,6 +49,68 @@ def onpolicy_counted(cfg, tok):
 
     sampler.sync = counted_sync
     return sampler
+
+
+# -- a sampler of the Protocol alone: the trainer's weights rounded to bfloat16, and the traits it declares --
+BUFFER = 3 * 2**20  # bytes it keeps whatever the model (where an engine would keep its cache)
+
+
+@torch.no_grad()
+def round_bf16(model):
+    """round every weight of `model` to bfloat16 and back, in place"""
+    for p in model.parameters():
+        p.copy_(p.to(torch.bfloat16).to(p.dtype))
+
+
+class RoundedSampler:
+    """The trainer's weights of the last weight sync, rounded to bfloat16, decoded with full forwards."""
+
+    name = "rounded_bf16"
+
+    def __init__(self, tok, sampling):
+        self.tok, self.sampling, self.behavior, self.version = tok, sampling, None, 0
+
+    @property
+    def traits(self):  # what the mismatch split and the memory plan read
+        return declare_rounded(self.sampling)
+
+    def setup(self, policy, version=0):
+        self.behavior = copy.deepcopy(policy).to("cpu").eval()  # its one copy of the weights
+        self.sync(policy, version)
+
+    def sync(self, policy, version):
+        self.behavior.load_state_dict(policy.state_dict())
+        round_bf16(self.behavior)
+        self.version = version
+
+    def decoder(self):
+        return TrainerStyleDecoder(self.behavior, self.tok.pad_id)
+
+    def sample(self, tasks, generator, spec, **engine):
+        return run_episodes(self.decoder(), spec, tasks, generator, self.sampling, self.version, **engine)
+
+    behavior_version = property(lambda self: self.version)
+    kept_versions = property(lambda self: [self.version])
+
+    def close(self):
+        pass
+
+    def state_dict(self):
+        return {"version": self.version}
+
+    def load_state_dict(self, state):
+        self.version = state["version"]
+
+
+def declare_rounded(sampling):
+    """no staleness, weights rounded to bfloat16, the trainer's decode path; one fp32 copy and the buffer"""
+    return samplers.Traits(sampling, transform=round_bf16, bytes_per_parameter=4, extra_bytes=BUFFER)
+
+
+@samplers.register("rounded_bf16", traits=lambda cfg: declare_rounded(Sampling(cfg.sampling.temperature)))
+def rounded_bf16(cfg, tok):
+    """the trainer's weights rounded to bfloat16 and back, decoded trainer-style"""
+    return RoundedSampler(tok, Sampling(cfg.sampling.temperature))
 
 
 # -- a correction: truncate the ratio on both sides, into [1/cap, cap] -------------------------------------

@@ -171,8 +171,10 @@ class MemoryPlan:
         )
 
 
-def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int) -> MemoryPlan:
-    """The memory plan of a run (see :class:`MemoryPlan`); ConfigError when not even one episode fits."""
+def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int, sampler=None) -> MemoryPlan:
+    """The memory plan of a run (see :class:`MemoryPlan`); ConfigError when not even one episode fits. `sampler`:
+    the behavior sampler that keeps its copies in this process (a synchronous run's; None where workers hold
+    them), asked for them through its ``traits`` (``lrl.samplers.Sampler``)."""
     from lrl.logprobs import CHUNK_TOKENS, FULL_LOGITS_LIMIT
 
     config = model_config(cfg)
@@ -189,7 +191,7 @@ def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int) -> Me
         return MemoryPlan(budget, 16 * params, 0, 0, 0, None, None, False)
     from lrl.precision import accelerator_device, resolve_precision
 
-    static = PROCESS_BYTES + static_bytes(cfg, params)
+    static = PROCESS_BYTES + static_bytes(cfg, params, sampler)
     attention = 4 * heads * episode_tokens  # per layer and token: one row of attention weights
     train_token = 4 * (TRAIN_HIDDEN * hidden + TRAIN_INTERMEDIATE * inter) * layers + attention * layers
     if resolve_precision(cfg.precision, params, accelerator_device(cfg.accelerator)) in ("bf16", "fp16"):
@@ -227,20 +229,15 @@ def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int) -> Me
     )
 
 
-def static_bytes(cfg, params: int) -> int:
+def static_bytes(cfg, params: int, sampler=None) -> int:
     """What a step keeps whatever its batch: fp32 weights, gradients and Adam's two moments (16 bytes a
-    parameter), the update guard's copy of weights and moments, and the sampler's own weight copies."""
+    parameter), the update guard's copy of weights and moments, and the copies the sampler in this process
+    declares (its kept versions, its behavior model, an engine's cache)."""
     static = 16 * params
     if cfg.max_step_kl is not None:
         static += 12 * params
-    if cfg.pipeline == "sync":
-        if cfg.sampler in ("lagged", "fp8"):
-            static += 4 * params * (cfg.lag + 2)  # the kept versions and the behavior model
-        elif cfg.sampler == "engine":
-            copy = 2 if cfg.engine_dtype in ("bfloat16", "float16") else 4
-            static += 4 * params * (cfg.lag + 1) + copy * params
-        elif cfg.sampler == "vllm":
-            static += 4 * params * (cfg.lag + 2) + cfg.vllm_kv_cache * 2**20
+    if sampler is not None:
+        static += sampler.traits.kept_bytes(params)
     return static
 
 
@@ -253,16 +250,17 @@ def bytes_per_token(vocab: int, hidden: int, layers: int, training: bool) -> int
     return 4 * (2 * vocab + 4 * hidden * layers)
 
 
-def check_budget(cfg, spec, default_context: int) -> MemoryPlan:
+def check_budget(cfg, spec, default_context: int, sampler=None) -> MemoryPlan:
     """Refuse a config whose step or evaluation would not fit in memory -> the step's memory plan.
 
     A model whose logits would be too large to hold for a whole batch (a real vocabulary) is planned in
-    microbatches (:func:`plan_memory`): the step is refused only when one episode alone does not fit."""
+    microbatches (:func:`plan_memory`, `sampler` as there): the step is refused only when one episode alone does
+    not fit."""
     vocab, hidden, layers, context = model_shape(cfg, len(spec.tok), default_context)
     tokens = spec.max_episode_tokens or context
     train = cfg.tasks_per_step * cfg.episodes_per_task // cfg.world_size
     evaluation = len(spec.heldout_tasks) * cfg.eval_episodes
-    plan = plan_memory(cfg, vocab, tokens, train)
+    plan = plan_memory(cfg, vocab, tokens, train, sampler)
     if plan.chunked:
         return plan
     need = {

@@ -68,11 +68,11 @@ def check_model_folder(value: str | None) -> list[str]:
     return []
 
 
-def check_environment(cfg: Config, spec):
+def check_environment(cfg: Config, spec, sampler=None):
     """tokenizer: spells every example action of the environment; model: a context (its config.json's
     max_position_embeddings) as long as the environment's longest episode, before any weight is loaded;
-    episodes_per_task, eval_episodes: a step and an evaluation fit the machine's memory (the error gives the
-    estimate) -> the step's memory plan."""
+    episodes_per_task, eval_episodes: a step and an evaluation fit the machine's memory, with the copies the
+    sampler declares in a synchronous run (`sampler`; the error gives the estimate) -> the step's memory plan."""
     from lrl.budget import check_budget, model_shape
     from lrl.policy import DEFAULT_SIZE
 
@@ -81,7 +81,7 @@ def check_environment(cfg: Config, spec):
     check_context(
         cfg, spec, context or None
     )  # a context too short for an episode is that, not a memory figure
-    return check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"])
+    return check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"], sampler)
 
 
 def check_model(cfg: Config, spec, model) -> None:

@@ -38,6 +38,9 @@ class Entry:
     # corrections and masks: a row's weights depend on that row's log-probs alone, so a step may make them piece
     # by piece from its update's own forward (lrl.module); False (a plugin's default) scores the whole batch first
     per_row: bool = False
+    # samplers: (cfg) -> the Traits of the sampler the factory would build, declared without building it (the
+    # mismatch split of an asynchronous run reads them; its samplers live in the workers)
+    traits: Callable | None = None
 
 
 class Registry(Mapping):
@@ -66,6 +69,7 @@ class Registry(Mapping):
         check_model: Callable | None = None,
         instructions: str = "",
         per_row: bool = False,
+        traits: Callable | None = None,
     ):
         """Decorator: make `fn` available under `name`; a name registered twice is an error.
 
@@ -74,7 +78,8 @@ class Registry(Mapping):
         ``check_model(cfg, spec, model) -> list[str]``: models it cannot run (checked before the run starts);
         ``instructions``: an environment's instructions to a chat model, its system message;
         ``per_row``: a correction or mask whose decision for a row reads that row's log-probs alone (see
-        :class:`Entry`); one that reads the whole batch (a batch mean, a batch's second moment) leaves it False.
+        :class:`Entry`); one that reads the whole batch (a batch mean, a batch's second moment) leaves it False;
+        ``traits(cfg)``: a sampler's traits (``lrl.samplers.Traits``), known without building it.
         """
         if not isinstance(name, str) or not _is_name(name):
             raise RegistryError(
@@ -89,7 +94,7 @@ class Registry(Mapping):
             doc = help or (fn.__doc__ or "").strip().split("\n")[0]
             defaults_ = tuple((defaults or {}).items())
             self.entries[name] = Entry(
-                name, fn, tuple(uses), check, doc, defaults_, check_model, instructions, per_row
+                name, fn, tuple(uses), check, doc, defaults_, check_model, instructions, per_row, traits
             )
             return fn
 

@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from lrl.checkpoint import StoppedBeforeTraining
+from lrl.checkpoint import GracefulStop, StoppedBeforeTraining
 from lrl.config import Config, ConfigError
 from lrl.envs import run_tokenizer  # noqa: F401  (the run's tokenizer; imported from here by tools)
 
@@ -45,7 +45,7 @@ class Run:
     @property
     def stopped_by(self) -> int | None:
         """The signal that stopped the run early (SIGINT, SIGTERM), if one did."""
-        stop = next((c for c in self.trainer.callbacks if type(c).__name__ == "GracefulStop"), None)
+        stop = next((c for c in self.trainer.callbacks if isinstance(c, GracefulStop)), None)
         return stop.stopped if stop is not None else None
 
 
@@ -61,17 +61,26 @@ def load_model(cfg: Config, tok):
         raise ConfigError(str(err)) from None
 
 
-def make_source(cfg: Config, spec, policy):
-    """The run's rollout source: the synchronous one around the configured sampler, or the asynchronous
-    pipeline (whose workers build their own sampler)."""
+def local_sampler(cfg: Config, spec):
+    """The behavior sampler of a synchronous run, which samples in this process; None for an asynchronous one,
+    whose workers build their own."""
+    if cfg.pipeline == "async":
+        return None
+    from lrl import samplers
+
+    return samplers.make_sampler(cfg, spec.tok)
+
+
+def make_source(cfg: Config, spec, policy, sampler=None):
+    """The run's rollout source: the synchronous one around `sampler` (the configured one when None), or the
+    asynchronous pipeline (whose workers build their own sampler)."""
     if cfg.pipeline == "async":
         from lrl.pipeline.source import AsyncSource
 
         return AsyncSource(cfg, spec, policy)
-    from lrl.samplers import make_sampler
     from lrl.sources.sync import SyncSource
 
-    return SyncSource(make_sampler(cfg, spec.tok), spec, cfg)
+    return SyncSource(sampler if sampler is not None else local_sampler(cfg, spec), spec, cfg)
 
 
 def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=None, **trainer_kw) -> Run:
@@ -95,7 +104,8 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     torch.manual_seed(cfg.seed)
     preflight.check_paths(cfg)
     spec = make_env(cfg, run_tokenizer(cfg))
-    memory = preflight.check_environment(cfg, spec)
+    sampler = local_sampler(cfg, spec)  # built, not set up: the memory plan asks it for its copies
+    memory = preflight.check_environment(cfg, spec, sampler)
     loaded = policy if policy is not None else load_model(cfg, spec.tok)
     if loaded is None:
         loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=cfg.seed)
@@ -109,7 +119,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
         clean_stale_temporaries(checkpoints)
     if folder is not None:
         clean_run_temporaries(cfg)
-    source = make_source(cfg, spec, loaded)  # synchronous sampling, or rollout workers with their sampler
+    source = make_source(cfg, spec, loaded, sampler)  # synchronous sampling, or rollout workers with theirs
     datamodule = RolloutDataModule(source, cfg)
     module = OffPolicyModule(cfg, loaded, source, spec, memory)
     module.run_dir = str(folder.path) if folder is not None else None

@@ -5,9 +5,11 @@ oldest of them, optionally transformed (rounded to FP8), and tags every generate
 log-prob under the distribution it was drawn from and with the version of the weights that drew it.
 The trainer calls :meth:`BehaviorSampler.sync` after each update; that call is the weight sync.
 
-Every sampler honours the same contract: ``setup``, ``sync``, ``decoder()`` (an ``lrl.decoding.Decoder``
-over its behavior weights), ``sample(tasks, generator, spec)`` (one episode per task in the environment
-``spec``), ``behavior_version``, ``kept_versions``, ``state_dict`` / ``load_state_dict``.
+Every sampler honours the same contract, the :class:`Sampler` Protocol: the stream asks it for episodes
+(``sample``, ``decoder()``, ``behavior_version``, ``kept_versions``), the weight sync gives it the trainer's
+weights (``setup``, ``sync``, ``close``), the checkpoint keeps its state (``state_dict``), and the mismatch
+split and the memory plan read what it declares (``traits``, a :class:`Traits`: what it does to the trainer's
+weights before sampling, and the copies it keeps). Nothing asks a sampler its name or class.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from lrl.decoding import Sampling, TrainerStyleDecoder
+from lrl.decoding import Decoder, Sampling, TrainerStyleDecoder, TurnEngine
 from lrl.precision import autocast, resolve_decode, resolve_precision
 from lrl.rollout import Episode, run_episodes
 
@@ -28,6 +32,69 @@ Transform = Callable[[torch.nn.Module], None]
 def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A detached CPU copy of the model's weights (kept off the accelerator)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a behavior sampler declares about itself. First the transforms between the trainer's weights and the
+    tokens it samples, which the mismatch split undoes one at a time (``callbacks/mismatch_split.py``): how stale
+    its weights are, what is done to them (rounding), how it decodes and in which arithmetic. Then the copies it
+    keeps in the process that holds it, which the memory plan of a synchronous run counts (``lrl/budget.py``)."""
+
+    sampling: Sampling  # the distribution it draws from: temperature, top-k, top-p
+    staleness: int = 0  # most updates its weights trail the trainer's (lag; pushed every k updates: + k - 1)
+    transform: Transform | None = None  # done in place to its copy of those weights (FP8 rounding), or None
+    decode: str = "trainer"  # 'trainer' (full forwards), 'kvcache' (a KV cache) or 'auto' (by model size)
+    dtype: torch.dtype = torch.float32  # of its copy of the weights
+    precision: str = "fp32"  # the autocast it decodes under: 'fp32', 'bf16', 'fp16' or 'auto' (by model size)
+    bytes_per_parameter: int = 0  # its copies of the weights (versions, behavior model), bytes a parameter
+    extra_bytes: int = 0  # what it holds whatever the model's size (an engine's KV cache)
+
+    def kept_bytes(self, parameters: int) -> int:
+        """The memory its copies take beside the trainer's, for a policy of `parameters` parameters."""
+        return self.bytes_per_parameter * parameters + self.extra_bytes
+
+
+class Sampler(Protocol):
+    """What the stream, the weight sync, the checkpoint, the mismatch split and the memory plan need of a behavior
+    sampler (see the module docstring). :class:`BehaviorSampler` has it all; a sampler that differs overrides what
+    differs."""
+
+    name: str  # its registered name (set by lrl.samplers.make_sampler)
+
+    def setup(self, policy: torch.nn.Module, version: int = 0) -> None:
+        """Attach to the trainer's policy at `version`, before the first batch (start an engine, if any)."""
+
+    def sync(self, policy: torch.nn.Module, version: int) -> None:
+        """The weight sync: the trainer's weights after an update, as `version`."""
+
+    def close(self) -> None:
+        """Let go of what it holds outside this process's memory (an engine); safe to call more than once."""
+
+    def decoder(self) -> Decoder | TurnEngine:
+        """The decode path over its behavior weights, which the episode loop (``lrl.rollout``) drives."""
+
+    def sample(self, tasks: Sequence, generator: torch.Generator, spec, **engine) -> list[Episode]:
+        """One episode per task in the environment `spec` (each env made with ``spec.make()``), every action token
+        tagged with :attr:`behavior_version` and its log-prob under the distribution it was drawn from."""
+
+    @property
+    def behavior_version(self) -> int:
+        """The version of the weights it samples with now."""
+
+    @property
+    def kept_versions(self) -> list[int]:
+        """The versions whose weights it keeps (the oldest is the one it samples with)."""
+
+    @property
+    def traits(self) -> Traits:
+        """What it does to the trainer's weights before sampling, and the copies it keeps (see :class:`Traits`)."""
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of it (its kept versions), saved once with the trainer."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (after :meth:`setup`)."""
 
 
 class BehaviorSampler:
@@ -55,6 +122,27 @@ class BehaviorSampler:
         self.versions: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
         self.behavior: torch.nn.Module | None = None
         self.policy: torch.nn.Module | None = None
+
+    @classmethod
+    def declare(
+        cls,
+        lag: int = 0,
+        transform: Transform | None = None,
+        sampling: Sampling | None = None,
+        decode: str = "trainer",
+        precision: str = "fp32",
+    ) -> Traits:
+        """The traits of the sampler these arguments build, known before it is built: the weights `lag` updates
+        old, `transform`-ed, decoded by `decode` under `precision`; it keeps lag + 1 versions and the behavior
+        model (fp32 copies)."""
+        copies = 4 * (lag + 2)
+        return Traits(
+            sampling or Sampling(), lag, transform, decode, precision=precision, bytes_per_parameter=copies
+        )
+
+    @property
+    def traits(self) -> Traits:
+        return self.declare(self.lag, self.transform, self.sampling, self.decode, self.precision)
 
     def resolve(self, policy: torch.nn.Module) -> None:
         """Fix the decode path and the arithmetic for this model (their 'auto' depends on its size)."""
@@ -124,6 +212,17 @@ class OnPolicySampler(BehaviorSampler):
     ):
         super().__init__(tok, 0, None, sampling, decode, precision)
         self.version = 0
+
+    @classmethod
+    def declare(
+        cls, sampling: Sampling | None = None, decode: str = "trainer", precision: str = "fp32"
+    ) -> Traits:
+        """The trainer's own weights and module: no staleness, no transform, no copy."""
+        return Traits(sampling or Sampling(), decode=decode, precision=precision)
+
+    @property
+    def traits(self) -> Traits:
+        return self.declare(self.sampling, self.decode, self.precision)
 
     def setup(self, policy, version: int = 0) -> None:
         self.resolve(policy)

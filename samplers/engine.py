@@ -15,7 +15,7 @@ import torch
 
 from lrl.decoding import Sampling
 from lrl.kvcache import KVCacheDecoder, cache_argument
-from lrl.samplers.base import BehaviorSampler, Transform
+from lrl.samplers.base import BehaviorSampler, Traits, Transform
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -77,6 +77,24 @@ class EngineSampler(BehaviorSampler):
         self.dtype = engine_dtype(dtype)
         self.device = check_device(device, self.dtype)
         self.reuse_cache = reuse_cache
+
+    @classmethod
+    def declare(
+        cls,
+        lag: int = 0,
+        transform: Transform | None = None,
+        sampling: Sampling | None = None,
+        dtype: str | torch.dtype = "float32",
+    ) -> Traits:
+        """The weights `lag` updates old, `transform`-ed, decoded with a KV cache in `dtype` (fp32 arithmetic
+        otherwise); it keeps lag + 1 fp32 versions and the engine's copy in `dtype`."""
+        dtype = engine_dtype(dtype)
+        copies = 4 * (lag + 1) + dtype.itemsize
+        return Traits(sampling or Sampling(), lag, transform, "kvcache", dtype, bytes_per_parameter=copies)
+
+    @property
+    def traits(self) -> Traits:
+        return self.declare(self.lag, self.transform, self.sampling, self.dtype)
 
     def setup(self, policy: torch.nn.Module, version: int = 0) -> None:
         """Attach to the trainer's policy: a copy of it in the engine's dtype and on its device."""

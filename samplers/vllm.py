@@ -31,7 +31,7 @@ import torch
 from lrl.decoding import Produced, Sampling
 from lrl.errors import EngineError
 from lrl.reaper import start_reaper, stop_reaper
-from lrl.samplers.base import BehaviorSampler, Transform, cpu_state
+from lrl.samplers.base import BehaviorSampler, Traits, Transform, cpu_state
 
 # the engine in this process, quiet, without binding OpenMP threads (the run sets its own thread count)
 ENGINE_ENV = {
@@ -218,6 +218,39 @@ class VLLMSampler(BehaviorSampler):
         self.push_seconds = 0.0
         self._scratch: str | None = None
         self._reaper = None  # the process that removes the scratch folder if this one is killed
+
+    @classmethod
+    def declare(
+        cls,
+        lag: int = 0,
+        transform: Transform | None = None,
+        sampling: Sampling | None = None,
+        dtype: str = "float32",
+        kv_cache_mib: int = 64,
+        sync_every: int = 1,
+    ) -> Traits:
+        """The weights `lag` updates old and up to sync_every - 1 more between pushes, `transform`-ed, decoded by
+        the engine (a KV cache in `dtype`); it keeps lag + 1 fp32 versions, the behavior model and the engine's
+        KV cache."""
+        staleness = lag + max(sync_every - 1, 0)
+        weights = getattr(torch, str(dtype), None)  # a name torch has no dtype for: float32
+        weights = weights if isinstance(weights, torch.dtype) else torch.float32
+        copies = 4 * (lag + 2)
+        return Traits(
+            sampling or Sampling(),
+            staleness,
+            transform,
+            decode="kvcache",
+            dtype=weights,
+            bytes_per_parameter=copies,
+            extra_bytes=kv_cache_mib * 2**20,
+        )
+
+    @property
+    def traits(self) -> Traits:
+        return self.declare(
+            self.lag, self.transform, self.sampling, self.dtype, self.kv_cache_mib, self.sync_every
+        )
 
     # -- the engine ---------------------------------------------------------------------------------------
     def setup(self, policy: torch.nn.Module, version: int = 0) -> None:

@@ -119,6 +119,12 @@ class AsyncSource:
     def close(self) -> None:
         self.workers.close()
 
+    def sampler_traits(self):
+        """The workers' sampler is declared by its registry entry (``lrl.samplers.sampler_traits``)."""
+        from lrl.samplers import sampler_traits
+
+        return sampler_traits(self.cfg, self.spec.tok)
+
     # -- handing out work -------------------------------------------------------------------------------
     def _new_groups(self) -> list[Group]:
         """A batch's worth of groups: the synchronous stream's draw of distinct tasks."""

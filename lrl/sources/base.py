@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from lrl.batch import Batch, collate
 from lrl.losses import group_advantages
+
+if TYPE_CHECKING:
+    from lrl.samplers.base import Traits
 
 
 class RolloutSource(Protocol):
@@ -40,6 +43,10 @@ class RolloutSource(Protocol):
 
     def close(self) -> None:
         """Stop whatever the source started; safe to call more than once."""
+
+    def sampler_traits(self) -> Traits:
+        """What the behavior sampler of its batches does to the trainer's weights and keeps (its ``traits``, see
+        ``lrl.samplers.Traits``), for the mismatch split."""
 
     def state_dict(self) -> dict:
         """This rank's stream state: everything needed to continue exactly (plain data and tensors)."""

@@ -26,7 +26,7 @@ import torch
 
 from lrl.batch import Batch
 from lrl.envs import EnvSpec, FailureInjection
-from lrl.envs.workers import make_tools
+from lrl.envs.workers import InlineTools, make_tools
 from lrl.sources.base import TaskPicker, rank_seed, score_batch
 from lrl.streams import ENV_FAILURES, SAMPLING, TOOL_LATENCY, KeyedDraws, stream_seed
 
@@ -67,6 +67,9 @@ class SyncSource:
     def close(self) -> None:
         self.sampler.close()  # an engine (vLLM) shuts down with the run
 
+    def sampler_traits(self):
+        return self.sampler.traits
+
     # -- batches ----------------------------------------------------------------------------------------
     def failing_spec(self, made: list[FailureInjection]) -> EnvSpec:
         """The env spec whose envs inject this run's worker failures; it records the envs it makes."""
@@ -86,7 +89,7 @@ class SyncSource:
         with ``paired_streams`` the batch's keyed draws."""
         tools = make_tools(self.cfg, self.tool_generator)
         keyed = {"draws": self.keyed_draws()} if self.cfg.paired_streams else {}
-        if not self.cfg.slots and type(tools).__name__ == "InlineTools":
+        if not self.cfg.slots and isinstance(tools, InlineTools):
             return keyed
         return {"slots": self.cfg.slots or None, "tools": tools, "lockstep": not self.cfg.slots, **keyed}
 
@@ -106,7 +109,7 @@ class SyncSource:
         )
         if len(envs) != len(episodes):
             raise RuntimeError(
-                f"sampler {getattr(self.sampler, 'name', '?')!r} did not build one env per episode "
+                f"sampler {self.sampler.name!r} did not build one env per episode "
                 "with spec.make(), so environment failures cannot be injected"
             )
         batch = score_batch(episodes, self.spec, self.cfg)

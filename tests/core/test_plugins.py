@@ -209,6 +209,6 @@ def test_the_extending_doc_shows_the_code_the_tests_run():
 
     source = (EXAMPLES / "my_plugin.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(), re.S)
-    assert len(blocks) == 7  # 2 samplers, a correction, a mask, an environment, a metric, a policy
+    assert len(blocks) == 8  # 3 samplers, a correction, a mask, an environment, a metric, a policy
     for block in blocks:
         assert block.strip() in source, block[:80]
