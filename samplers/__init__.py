@@ -70,10 +70,10 @@ def _engine(cfg, tok):
     return EngineSampler(tok, s.lag, transform, sampling(s), s.engine_dtype)
 
 
-def _vllm_check(cfg) -> list[str]:
+def _vllm_machine(cfg) -> list[str]:
+    """The vllm package is installed here (the preflight's check)."""
     missing = vllm_missing()
-    problems = [f"sampler: {missing}"] if missing else []
-    return problems + _engine_check(cfg)
+    return [f"sampler: {missing}"] if missing else []
 
 
 def _vllm_model_check(cfg, spec, model) -> list[str]:
@@ -84,7 +84,8 @@ def _vllm_model_check(cfg, spec, model) -> list[str]:
 @register(
     "vllm",
     uses=("lag", "fp8_scale", "engine_fp8", "top_p", "top_k", "vllm_dtype", "vllm_kv_cache", "sync_every"),
-    check=_vllm_check,
+    check=_engine_check,
+    check_machine=_vllm_machine,
     check_model=_vllm_model_check,
 )
 def _vllm(cfg, tok):
