@@ -57,8 +57,8 @@ def _yaml(value) -> str:
 
 
 def _pipeline_rules(cfg) -> list[str]:
-    """The asynchronous pipeline's workers: no more than the groups of work they share (each backend checks
-    its own needs, memory included: lrl.pipeline.backends); one patience for ordered, in seconds or in steps."""
+    """The asynchronous pipeline's workers: no more than the groups of work they share (what each backend
+    needs of the machine, memory included, is the preflight's: lrl.pipeline.backends); one patience for ordered, in seconds or in steps."""
     if cfg.pipeline != "async":
         return []
     if cfg.take_patience is not None and cfg.take_patience_steps is not None:
