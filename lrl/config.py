@@ -6,11 +6,12 @@ change it (:func:`lrl.options.option`). It is a ``--flag`` (underscores become d
 name, and ``cfg.<name>`` reads (and sets) it as ``cfg.<section>.<name>`` does: ``cfg.lr is cfg.update.lr``.
 
 A config is data: making one (in code, from YAML or from the command line) parses and checks its values and does
-nothing else: no file is read or written, no process started, no model converted. The static checks are here, once,
-when a Config is made (:meth:`Config.validate`): every option's type, bounds and choices, then the cross-key rules
-(:mod:`lrl.config_rules`) and each chosen entry's own rules, all reported in one :class:`ConfigError`. The choices of
-``sampler``, ``correction``, ``env``, ``rollout_backend`` and ``stale_policy`` are whatever is registered
-(:mod:`lrl.registry`), built-ins and ``plugins`` loaded first (:mod:`lrl.plugins`).
+nothing else: no file written, no process started, no model converted, no path or memory of the machine looked
+at. The static checks are here, once, when a Config is made (:meth:`Config.validate`): every option's type, bounds
+and choices, then the cross-key rules (:mod:`lrl.config_rules`) and each chosen entry's own rules, all reported in
+one :class:`ConfigError`. The choices of ``sampler``, ``correction``, ``env``, ``rollout_backend`` and
+``stale_policy`` are whatever is registered (:mod:`lrl.registry`), built-ins and ``plugins`` loaded first
+(:mod:`lrl.plugins`).
 
 What needs the machine runs once, in the preflight of the process that starts the run (:mod:`lrl.preflight`): a
 named model resolved to its cached folder (converted the first time), the paths that must exist, each chosen entry's

@@ -73,7 +73,7 @@ class Registry(Mapping):
         """Decorator: make `fn` available under `name`; a name registered twice is an error.
 
         ``uses``: the config keys the entry reads; ``check(cfg) -> list[str]``: its own rules, as problems, from
-        the values alone (it runs whenever a config is made: it writes nothing, starts nothing, reads no file);
+        the values alone (it runs whenever a config is made: it writes nothing, starts nothing, looks at no path of the machine);
         ``check_machine(cfg) -> list[str]``: what it needs of this machine (memory, a sandbox, a package, a
         folder), checked once by the preflight of the process that starts the run (:func:`lrl.preflight.resolve`);
         ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit);
