@@ -76,11 +76,12 @@ def group_durations(n: int, seed: int = 0) -> list[float]:
     torch.set_num_threads(1)
     from lrl.arguments import parse_args
     from lrl.envs import make_env
+    from lrl.preflight import resolve
     from lrl.rollout import Rollout
     from lrl.run import load_model, run_tokenizer
     from lrl.samplers import make_sampler
 
-    cfg = parse_args(["--seed", str(seed)])
+    cfg = resolve(parse_args(["--seed", str(seed)]))  # a named model -> its folder, as a run's preflight does
     tok = run_tokenizer(cfg)
     spec = make_env(cfg, tok)
     policy = (load_model(cfg, spec.tok) or spec.warm_start()).eval()  # the run's base, as train.py starts

@@ -5,12 +5,18 @@ Each option is declared once, in its section, with its type, default, help, boun
 change it (:func:`lrl.options.option`). It is a ``--flag`` (underscores become dashes) and a YAML key under its flat
 name, and ``cfg.<name>`` reads (and sets) it as ``cfg.<section>.<name>`` does: ``cfg.lr is cfg.update.lr``.
 
-A config is checked in two phases. The static phase is here, once, when a Config is made (:meth:`Config.validate`):
-every option's type, bounds and choices, then the cross-key rules (:mod:`lrl.config_rules`) and each chosen entry's
-own rules, all reported in one :class:`ConfigError`. The choices of ``sampler``, ``correction``, ``env``,
-``rollout_backend`` and ``stale_policy`` are whatever is registered (:mod:`lrl.registry`), built-ins and ``plugins``
-loaded first (:mod:`lrl.plugins`). The preflight (:mod:`lrl.preflight`) checks the config against the environment,
-the model and the machine when a run is built.
+A config is data: making one (in code, from YAML or from the command line) parses and checks its values and does
+nothing else: no file written, no process started, no model converted, no path or memory of the machine looked
+at. The static checks are here, once, when a Config is made (:meth:`Config.validate`): every option's type, bounds
+and choices, then the cross-key rules (:mod:`lrl.config_rules`) and each chosen entry's own rules, all reported in
+one :class:`ConfigError`. The choices of ``sampler``, ``correction``, ``env``, ``rollout_backend`` and
+``stale_policy`` are whatever is registered (:mod:`lrl.registry`), built-ins and ``plugins`` loaded first
+(:mod:`lrl.plugins`).
+
+What needs the machine runs once, in the preflight of the process that starts the run (:mod:`lrl.preflight`): a
+named model resolved to its cached folder (converted the first time), the paths that must exist, each chosen entry's
+needs of the machine (memory, a sandbox), then the environment, the model and the memory plan. A rollout worker is
+given those resolved values and takes them as they are (:meth:`Config.resolved`).
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ class Config:
     """A run's options, in sections; made from flat option names and/or whole sections, checked once when made.
 
     ``Config(lr=1e-3, sampler="lagged", lag=2)`` and ``Config(update=UpdateOptions(lr=1e-3))`` give the same kind
-    of object; what is not given has its default. Paths are expanded and named models resolved before the checks.
+    of object; what is not given has its default. Paths are expanded (``~``) before the checks; a named model
+    stays a name until the run's preflight resolves it (:func:`lrl.preflight.resolve`).
     """
 
     run: RunOptions
@@ -56,6 +63,25 @@ class Config:
     monitoring: MonitoringOptions
 
     def __init__(self, **values):
+        self._fill(values)
+        self.validate()
+
+    @classmethod
+    def resolved(cls, values: dict[str, Any]) -> Config:
+        """A config that the run's preflight has already checked and resolved (a rollout worker's setup, as
+        :meth:`to_dict` gave it): its values taken as they are, the plugins loaded so that their entries can be
+        built, and nothing checked or resolved again."""
+        from lrl.plugins import load
+
+        cfg = cls.__new__(cls)
+        cfg._fill(values)
+        problems = load(cfg.plugins)
+        if problems:  # the trainer's process imported them; a worker that cannot is told why
+            raise ConfigError("; ".join(problems))
+        return cfg
+
+    def _fill(self, values: dict[str, Any]) -> None:
+        """The sections from flat names and/or whole sections; paths expanded."""
         unknown = [k for k in values if k not in OPTIONS and k not in SECTIONS]
         if unknown:
             raise TypeError(f"Config() got an unexpected keyword argument {unknown[0]!r}")
@@ -69,20 +95,6 @@ class Config:
         for opt in OPTIONS.values():  # paths are expanded here, once, before anything checks or uses them
             if opt.meta.get("path"):
                 setattr(self, opt.name, expand_path(getattr(self, opt.name)))
-        self.resolve_named_models()
-        self.validate()
-
-    def resolve_named_models(self) -> None:
-        """A named model (--model smollm2-135m) becomes its cached folder, converted the first time."""
-        from lrl.models import ModelUnavailable, is_named, resolve_model
-
-        for name in ("model", "tokenizer"):
-            value = getattr(self, name)
-            if is_named(value):
-                try:
-                    setattr(self, name, str(resolve_model(value)))
-                except ModelUnavailable as err:
-                    raise ConfigError(f"{name}: {err}") from None
 
     def validate(self) -> Config:
         """The static checks: every option (type, bounds, choices), then every cross-key rule and each chosen

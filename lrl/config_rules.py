@@ -1,5 +1,6 @@
 """The config's cross-key rules: each a function of a whole, well-typed config -> the problems it finds, in words
-that name the keys. The config runs them all (:meth:`lrl.config.Config.validate`) once every field has its type;
+that name the keys, from the values alone (no file, no process, nothing of the machine: that is the preflight's,
+:mod:`lrl.preflight`). The config runs them all (:meth:`lrl.config.Config.validate`) once every field has its type;
 an entry's own rules (a sampler's, an environment's, a backend's) live next to its code, in its registry entry.
 """
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 import os
 import unicodedata
 
-from lrl.options import exists
 from lrl.registry import REGISTRIES
 from lrl.sections import OPTIONS
 
@@ -57,8 +57,8 @@ def _yaml(value) -> str:
 
 
 def _pipeline_rules(cfg) -> list[str]:
-    """The asynchronous pipeline's workers: no more than the groups of work they share (each backend checks
-    its own needs, memory included: lrl.pipeline.backends); one patience for ordered, in seconds or in steps."""
+    """The asynchronous pipeline's workers: no more than the groups of work they share (what each backend
+    needs of the machine, memory included, is the preflight's: lrl.pipeline.backends); one patience for ordered, in seconds or in steps."""
     if cfg.pipeline != "async":
         return []
     if cfg.take_patience is not None and cfg.take_patience_steps is not None:
@@ -91,8 +91,8 @@ def _run_name_rules(cfg) -> list[str]:
 
 def _shared_rules(cfg) -> list[str]:
     """lag only with a synchronous pipeline; max_step_kl only with step_kl; an MIS band with low <= high; no more
-    minibatches than a step's episodes; tasks_per_step a multiple of devices x num_nodes; model, tokenizer and
-    resume (other than last) that exist."""
+    minibatches than a step's episodes; tasks_per_step a multiple of devices x num_nodes. (That model, tokenizer
+    and resume exist is the preflight's to check, once a named model is resolved: lrl.preflight.resolve.)"""
     problems = []
     if cfg.pipeline == "async" and cfg.lag:
         problems.append(
@@ -110,15 +110,6 @@ def _shared_rules(cfg) -> list[str]:
         problems.append(
             f"tasks_per_step: {cfg.tasks_per_step} does not split over {world} processes "
             f"(devices x num_nodes); make it a multiple of {world}"
-        )
-    for name in ("model", "tokenizer"):
-        if getattr(cfg, name) is not None and not exists(getattr(cfg, name)):
-            problems.append(
-                f"{name}: {getattr(cfg, name)!r} does not exist; give a local save_pretrained directory"
-            )
-    if cfg.resume is not None and cfg.resume != "last" and not exists(cfg.resume):
-        problems.append(
-            f"resume: {cfg.resume!r} does not exist; give a run folder, a checkpoint file or 'last'"
         )
     return problems
 

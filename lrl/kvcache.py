@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from lrl.decode_step import decode_attention, growing_cache
 from lrl.decoding import context_length, sample_tokens, truncated_log_probs
 
 
@@ -101,6 +100,8 @@ class KVBatch:
             for i, row in enumerate(rows):
                 if row is not None and row.length:
                     self.mask[i, width - row.length :] = 1
+        from lrl.decode_step import growing_cache  # transformers, imported when a model is decoded
+
         self.cache = growing_cache(model.config, data)
         self.forwards = 0  # forward passes run on this batch
 
@@ -140,6 +141,8 @@ class KVBatch:
         kwargs = {self.cache_arg: self.cache, "use_cache": True}
         if self.keep_last:
             kwargs["logits_to_keep"] = 1
+        from lrl.decode_step import decode_attention
+
         one = ids.shape[1] == 1  # a decode step: its attention is one query a row (lrl.decode_step)
         with decode_attention(self.model) if one else contextlib.nullcontext():
             out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=position, **kwargs)

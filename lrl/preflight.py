@@ -1,6 +1,8 @@
-"""The preflight: a run's config checked against its environment, its model and the machine, before anything is
-trained. (The config's own rules, which need nothing but the config, were checked once when it was made: the static
-phase, :meth:`lrl.config.Config.validate`.)
+"""The preflight: a run's config resolved and checked against the machine, its environment and its model, before
+anything is trained, once, in the process that starts the run. (The config's own rules, which need nothing but the
+config, were checked when it was made: the static phase, :meth:`lrl.config.Config.validate`, which touches nothing
+of the machine.) The rollout workers are given the values resolved here and neither check nor resolve them again
+(:meth:`lrl.config.Config.resolved`).
 
 Each check would otherwise surface late and misleadingly: a path that cannot be written after an hour of training, a
 tokenizer that cannot spell the environment's actions (every action malformed, after a warm start of minutes on an
@@ -9,6 +11,9 @@ rollout), a checkpoint whose weights do not fit the model (a failure deep inside
 :class:`lrl.config.ConfigError` naming the option, what was found and what is needed. :func:`lrl.run.build_run`
 makes the checks in this order, each as soon as what it checks exists:
 
+- :func:`resolve`: a named model becomes its cached folder (converted the first time); model, tokenizer and resume
+  exist; each chosen entry's needs of the machine (its registry entry's ``check_machine``: the rollout workers'
+  memory, a sandbox level asked by name, a package, a task folder);
 - :func:`check_paths`: every path option against the file system (before anything is read or written);
 - :func:`check_environment`: the tokenizer against the environment's actions, the memory a step needs against the
   machine's (-> the step's memory plan);
@@ -27,7 +32,39 @@ from lrl.envs import tokenizer_option
 from lrl.registry import REGISTRIES
 
 # the checks in the order a run makes them (docs/options.md lists them from here)
-__all__ = ["check_paths", "check_environment", "check_model", "check_checkpoint"]
+__all__ = ["resolve", "check_paths", "check_environment", "check_model", "check_checkpoint"]
+
+
+def resolve(cfg: Config) -> Config:
+    """model, tokenizer: a named model (smollm2-135m) becomes its cached folder, converted the first time; model,
+    tokenizer, resume (other than last): exist; every chosen entry's check_machine: what it needs of this machine
+    (the rollout workers' memory, a sandbox level asked by name, an installed package, a task folder). The config
+    takes the resolved values (and is returned); one ConfigError lists every problem."""
+    from lrl.models import ModelUnavailable, is_named, resolve_model
+    from lrl.options import exists
+
+    problems = []
+    for name in ("model", "tokenizer"):
+        value = getattr(cfg, name)
+        if is_named(value):
+            try:
+                setattr(cfg, name, str(resolve_model(value)))
+            except ModelUnavailable as err:
+                problems.append(f"{name}: {err}")
+        elif value is not None and not exists(value):
+            problems.append(f"{name}: {value!r} does not exist; give a local save_pretrained directory")
+    if cfg.resume is not None and cfg.resume != "last" and not exists(cfg.resume):
+        problems.append(
+            f"resume: {cfg.resume!r} does not exist; give a run folder, a checkpoint file or 'last'"
+        )
+    if not problems:  # an entry's needs are judged on the model the run will have
+        for scope, registry in REGISTRIES.items():
+            for entry in registry.chosen(getattr(cfg, scope)):
+                if entry.check_machine is not None:
+                    problems += list(entry.check_machine(cfg))
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return cfg
 
 
 def check_paths(cfg: Config) -> None:

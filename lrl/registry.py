@@ -2,8 +2,9 @@
 backends, staleness policies, extra callbacks, rejection masks).
 
 An entry is registered next to its own code with the config keys it reads (``uses``) and, optionally, a
-``check(cfg) -> list[str]`` of problems specific to it and a ``check_model(cfg, spec, model) -> list[str]`` of
-models it cannot run. The config's validation, ``--help`` and the YAML loader list what is registered, so a user's
+``check(cfg) -> list[str]`` of problems specific to it (from the values alone), a ``check_machine(cfg) -> list[str]``
+of what it needs of the machine (memory, a sandbox, a package, a folder: run once, by the preflight of the process
+that starts the run) and a ``check_model(cfg, spec, model) -> list[str]`` of models it cannot run. The config's validation, ``--help`` and the YAML loader list what is registered, so a user's
 own entry, imported as a plugin, is chosen exactly like a built-in one. This module imports nothing of lrl: the
 built-in entries register when their packages are imported, and :mod:`lrl.plugins` imports those and the plugins.
 """
@@ -41,6 +42,7 @@ class Entry:
     # samplers: (cfg) -> the Traits of the sampler the factory would build, declared without building it (the
     # mismatch split of an asynchronous run reads them; its samplers live in the workers)
     traits: Callable | None = None
+    check_machine: Callable | None = None  # (cfg) -> problems: what it needs of this machine (preflight)
 
 
 class Registry(Mapping):
@@ -70,10 +72,14 @@ class Registry(Mapping):
         instructions: str = "",
         per_row: bool = False,
         traits: Callable | None = None,
+        check_machine: Callable | None = None,
     ):
         """Decorator: make `fn` available under `name`; a name registered twice is an error.
 
-        ``uses``: the config keys the entry reads; ``check(cfg) -> list[str]``: its own rules, as problems;
+        ``uses``: the config keys the entry reads; ``check(cfg) -> list[str]``: its own rules, as problems, from
+        the values alone (it runs whenever a config is made: it writes nothing, starts nothing, looks at no path of the machine);
+        ``check_machine(cfg) -> list[str]``: what it needs of this machine (memory, a sandbox, a package, a
+        folder), checked once by the preflight of the process that starts the run (:func:`lrl.preflight.resolve`);
         ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit);
         ``check_model(cfg, spec, model) -> list[str]``: models it cannot run (checked before the run starts);
         ``instructions``: an environment's instructions to a chat model, its system message;
@@ -94,7 +100,7 @@ class Registry(Mapping):
             doc = help or (fn.__doc__ or "").strip().split("\n")[0]
             defaults_ = tuple((defaults or {}).items())
             self.entries[name] = Entry(
-                name, fn, tuple(uses), check, doc, defaults_, check_model, instructions, per_row, traits
+                name, fn, tuple(uses), check, doc, defaults_, check_model, instructions, per_row, traits, check_machine
             )
             return fn
 

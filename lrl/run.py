@@ -86,8 +86,8 @@ def make_source(cfg: Config, spec, policy, sampler=None):
 def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=None, **trainer_kw) -> Run:
     """Config -> policy, environment, rollout source, module, datamodule and a Lightning Trainer.
 
-    The preflight (lrl.preflight) checks the config against the file system, the environment, the machine's memory
-    and the model before anything is trained, each as soon as what it checks exists (ConfigError). The run
+    The preflight (lrl.preflight) resolves the config's named models (the config takes their folders) and checks
+    it against the file system, the environment, the machine's memory and the model before anything is trained, each as soon as what it checks exists (ConfigError). The run
     writes to its own folder (lrl.runs): always when it logs to TensorBoard or keeps its checkpoints there.
     ``policy`` overrides the model that ``cfg.model`` (or the environment's warm start) would give, e.g. a
     small fresh one in tests; ``logger`` is True (TensorBoard), False, or a Lightning logger.
@@ -102,6 +102,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    preflight.resolve(cfg)  # named models -> folders; what must exist; each entry's needs of the machine
     preflight.check_paths(cfg)
     spec = make_env(cfg, run_tokenizer(cfg))
     sampler = local_sampler(cfg, spec)  # built, not set up: the memory plan asks it for its copies

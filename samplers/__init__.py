@@ -98,10 +98,10 @@ def _engine(cfg, tok):
     return EngineSampler(tok, **_engine_arguments(cfg))
 
 
-def _vllm_check(cfg) -> list[str]:
+def _vllm_machine(cfg) -> list[str]:
+    """The vllm package is installed here (the preflight's check)."""
     missing = vllm_missing()
-    problems = [f"sampler: {missing}"] if missing else []
-    return problems + _engine_check(cfg)
+    return [f"sampler: {missing}"] if missing else []
 
 
 def _vllm_model_check(cfg, spec, model) -> list[str]:
@@ -125,7 +125,8 @@ def _vllm_arguments(cfg) -> dict:
 @register(
     "vllm",
     uses=("lag", "fp8_scale", "engine_fp8", "top_p", "top_k", "vllm_dtype", "vllm_kv_cache", "sync_every"),
-    check=_vllm_check,
+    check=_engine_check,
+    check_machine=_vllm_machine,
     check_model=_vllm_model_check,
     traits=declared(VLLMSampler, _vllm_arguments),
 )

@@ -44,10 +44,11 @@ def engine_curve(
     from lrl.envs import make_env, run_tokenizer
     from lrl.envs.workers import make_tools
     from lrl.policy import make_policy
+    from lrl.preflight import resolve
     from lrl.rollout import Rollout
     from lrl.samplers import make_sampler
 
-    cfg = parse_args(flags)
+    cfg = resolve(parse_args(flags))  # a named model -> its folder, as a run's preflight does
     torch.set_num_threads(cfg.threads)
     spec = make_env(cfg, run_tokenizer(cfg))
     tasks = list(spec.train_tasks)

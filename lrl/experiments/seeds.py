@@ -74,6 +74,7 @@ def one_seed(args: tuple) -> dict:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     from lrl.arguments import parse_args
     from lrl.envs import make_env
+    from lrl.preflight import resolve
     from lrl.run import build_run, fit, load_model
 
     threads, noise, size = machine_spec(machine)
@@ -94,7 +95,7 @@ def one_seed(args: tuple) -> dict:
     )
     policy = None
     if noise is not None:  # the run's own starting policy, perturbed
-        spec = make_env(cfg)
+        spec = make_env(resolve(cfg))  # a named model -> its folder, as a run's preflight does
         policy = load_model(cfg, spec.tok) or (spec.warm_start() if spec.warm_start else None)
         if policy is None:
             raise ValueError(f"machine {machine}: the environment has no starting policy to perturb")

@@ -24,9 +24,14 @@ A config is checked in two phases, and every problem is one line naming the key,
 (`train.py` prints it and exits with status 2, no traceback):
 
 1. **static**, once, when the config is made: each option's type, bounds and choices (the tables below), then the
-   rules between options and each chosen entry's own (listed after the tables);
-2. **preflight**, when the run is built: the config against the file system, the environment, the machine's
-   memory, the model and the checkpoint it resumes, each as soon as what it checks exists.
+   rules between options and each chosen entry's own (listed after the tables). This is all that making a config
+   does, from the command line, YAML or Python: it writes nothing, starts no process and converts no model (a named
+   model such as `smollm2-135m` stays a name);
+2. **preflight**, once, in the process that starts the run, when the run is built: named models resolved to their
+   cached folders (converted the first time), then the config against the file system, what each chosen entry
+   needs of the machine (the rollout workers' memory, a sandbox level, a package), the environment, the machine's
+   memory, the model and the checkpoint it resumes, each as soon as what it checks exists. Rollout workers are given
+   the resolved values and neither check nor resolve them again.
 
 Integers are at most 2^31 - 1 and floats finite (|x| < 1e308); YAML 1.1's `1e-3` (read as a string) is taken as a
 float; a bad flag, a missing value or an unknown flag or key is one line, not the usage. A choice that names a

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     from lrl.envs import make_env, run_tokenizer
     from lrl.kvcache import KVCacheDecoder
     from lrl.policy import load_policy
-    from lrl.preflight import check_model_folder
+    from lrl.preflight import check_model_folder, resolve
     from lrl.rollout import run_episodes
 
     try:
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             temperature=args.temperature,
             seed=args.seed,  # checked as a run's seed is
         )
+        resolve(cfg)  # a named model -> its cached folder (converted the first time)
         problems = check_model_folder(cfg.model)  # before its tokenizer is looked for in it
         if problems:
             raise ConfigError("; ".join(problems))

@@ -45,8 +45,10 @@ ROOT = Path(__file__).resolve().parents[2]
     ],
 )
 def test_bad_flags_raise_config_error(argv, match):
+    from lrl.preflight import resolve
+
     with pytest.raises(ConfigError, match=match):
-        parse_args(argv)
+        resolve(parse_args(argv))  # the values, then what the machine must have (a model that exists)
 
 
 def test_bad_dict_values_name_key_value_and_choices():
@@ -240,13 +242,14 @@ def test_more_rollout_workers_than_groups_of_work_are_refused():
 
 def test_rollout_workers_that_do_not_fit_in_memory_are_refused(monkeypatch):
     import lrl.budget
+    from lrl.preflight import resolve
 
     monkeypatch.setattr(lrl.budget, "available_bytes", lambda: 2 * 2**30)  # a 2 GiB machine
     with pytest.raises(
         ConfigError, match=r"rollout_workers: 8 workers need about 3.1 GiB .* 2.0 GiB available"
     ):
-        Config(pipeline="async", rollout_workers=8)
-    assert Config(pipeline="async", rollout_workers=4).rollout_workers == 4
+        resolve(Config(pipeline="async", rollout_workers=8))  # the preflight's check: it reads the machine
+    assert resolve(Config(pipeline="async", rollout_workers=4)).rollout_workers == 4
 
 
 @pytest.mark.parametrize("name", ["../up", "a/b", "/abs", "..", ".", "a\x00b"])

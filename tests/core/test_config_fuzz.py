@@ -133,8 +133,10 @@ def test_random_yaml_files_give_a_config_or_a_config_error(tmp_path_factory, tex
     ],
 )
 def test_new_keys_are_checked_with_key_value_and_rule(key, value, match):
+    from lrl.preflight import resolve
+
     with pytest.raises(ConfigError, match=match):
-        from_dict({key: value})
+        resolve(from_dict({key: value}))  # the values, then what the machine must have (paths that exist)
 
 
 def test_engine_sampler_takes_failure_injection_and_yaml_floats_parse():

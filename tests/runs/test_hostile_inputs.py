@@ -161,18 +161,26 @@ def test_more_workers_than_groups_of_work_is_refused():
     refused(*FAST, "--pipeline", "async", "--rollout-workers", "4", needles=("rollout_workers", "groups"))
 
 
-def test_workers_that_do_not_fit_in_memory_are_refused():
-    refused(
+def test_workers_that_do_not_fit_in_memory_are_refused(monkeypatch, tmp_path):
+    import lrl.budget
+
+    # the preflight's check, on a machine of 2 GiB (a config with more workers than groups of work is refused
+    # before: the values alone rule it out)
+    monkeypatch.setattr(lrl.budget, "available_bytes", lambda: 2 * 2**30)
+    flags = (
         "--pipeline",
         "async",
         "--rollout-workers",
-        "256",
+        "8",
         "--tasks-per-step",
-        "20",
+        "16",
         "--episodes-per-task",
         "16",
-        needles=("rollout_workers", "GiB"),
     )
+    refused(
+        *flags, "--log-dir", str(tmp_path / "runs"), needles=("rollout_workers", "GiB", "2.0 GiB available")
+    )
+    assert not (tmp_path / "runs").exists()  # refused before the run started
 
 
 # -- models and tokenizers --------------------------------------------------------------------------------

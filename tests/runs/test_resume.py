@@ -150,7 +150,7 @@ def test_resume_refuses_other_settings_and_bad_files(tmp_path, tok, format_polic
     ):
         build_run(quick_cfg(**cfg, resume=str(tmp_path / "junk.ckpt")), logger=False, policy=format_policy)
     with pytest.raises(ConfigError, match="does not exist"):
-        quick_cfg(resume=str(tmp_path / "missing.ckpt"))
+        build_run(quick_cfg(**cfg, resume=str(tmp_path / "missing.ckpt")), logger=False, policy=format_policy)
     fresh = build_run(
         quick_cfg(**{**cfg, "checkpoint_dir": str(tmp_path / "empty")}, resume="last"),
         logger=False,

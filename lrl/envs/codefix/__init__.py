@@ -17,6 +17,7 @@ from lrl.envs.codefix.folder import TaskFolderError, load_tasks
 from lrl.envs.codefix.tasks import (
     FAMILIES,
     MAX_CANDIDATES,
+    N_TRAIN,
     CodeTask,
     make_code_tasks,
     vocabulary_words,
@@ -87,20 +88,36 @@ def codefix_spec(tok=None, max_turns: int = 5, tasks_dir=None, workers: int = 0,
 
 
 def _check(cfg) -> list[str]:
+    """The values alone: a turn to test before submitting; a step's tasks within the generated train tasks (a
+    folder's are counted by the preflight, which reads it)."""
     problems = []
-    try:
-        tasks = load_tasks(cfg.codefix_tasks) if cfg.codefix_tasks else make_code_tasks("all")
-    except TaskFolderError as err:
-        return [f"codefix_tasks: {err}"]
-    n = sum(t.split == "train" for t in tasks)
-    if cfg.tasks_per_step > n:
-        problems.append(f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of codefix")
-    if cfg.sandbox == "namespaces":
-        problems += _namespaces_work(cfg.test_timeout)
+    if cfg.codefix_tasks is None and cfg.tasks_per_step > N_TRAIN:
+        problems.append(
+            f"tasks_per_step: {cfg.tasks_per_step} is more than the {N_TRAIN} train tasks of codefix"
+        )
     if cfg.max_turns < 2:
         problems.append(
             f"max_turns: {cfg.max_turns} leaves no turn to test a candidate before submitting one"
         )
+    return problems
+
+
+def _check_machine(cfg) -> list[str]:
+    """The preflight's: a task folder that can be read and holds enough train tasks; a sandbox level asked by
+    name that works on this machine (a probe, in a process of its own)."""
+    problems = []
+    if cfg.codefix_tasks is not None:
+        try:
+            tasks = load_tasks(cfg.codefix_tasks)
+        except TaskFolderError as err:
+            return [f"codefix_tasks: {err}"]
+        n = sum(t.split == "train" for t in tasks)
+        if cfg.tasks_per_step > n:
+            problems.append(
+                f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of codefix"
+            )
+    if cfg.sandbox == "namespaces":
+        problems += _namespaces_work(cfg.test_timeout)
     return problems
 
 
@@ -149,6 +166,7 @@ CODEFIX_DEFAULTS = {
     "codefix",
     uses=("max_turns", "env_workers", "env_retries", "sandbox", "codefix_tasks", "test_timeout"),
     check=_check,
+    check_machine=_check_machine,
     defaults=CODEFIX_DEFAULTS,
     instructions=INSTRUCTIONS,
 )

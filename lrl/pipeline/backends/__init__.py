@@ -1,8 +1,8 @@
 """Where the rollout workers run (``--rollout-backend``): a registry of backends, chosen like samplers.
 
 Each backend is one class with the methods of :class:`lrl.pipeline.backends.base.Workers` (and a board with those
-of :class:`~lrl.pipeline.backends.base.Board`), registered here with the config keys it reads (``uses``) and its
-own checks. Built in:
+of :class:`~lrl.pipeline.backends.base.Board`), registered here with the config keys it reads (``uses``), its own
+checks of the values and what it needs of the machine (memory, a package: run by the preflight). Built in:
 
 - ``local``: processes on this machine (:mod:`lrl.pipeline.backends.local`), a shared-memory board;
 - ``thread``: threads of the trainer's process (:mod:`lrl.pipeline.backends.thread`), for a debugger, a notebook,
@@ -28,7 +28,8 @@ def make_workers(cfg):
 
 
 def _memory_check(cfg) -> list[str]:
-    """Workers with a copy of the model each must fit in this machine's memory."""
+    """Workers with a copy of the model each must fit in this machine's memory (the preflight's check: it reads
+    the machine's memory and the model's weights)."""
     if cfg.pipeline != "async":
         return []
     from lrl.budget import check_workers
@@ -36,7 +37,7 @@ def _memory_check(cfg) -> list[str]:
     return check_workers(cfg)
 
 
-@register_backend("local", check=_memory_check)
+@register_backend("local", check_machine=_memory_check)
 def _local(cfg):
     """rollout workers as processes on this machine, spawned, weights in shared memory"""
     from lrl.pipeline.backends.local import LocalWorkers
@@ -45,15 +46,10 @@ def _local(cfg):
 
 
 def _ray_check(cfg) -> list[str]:
-    """Ray actors: the package is installed; an address that is auto or HOST:PORT; resources in Ray's steps;
-    the actors fit this machine's memory when the run starts its own Ray here."""
+    """Ray actors: resources in Ray's steps; an address that is auto or HOST:PORT."""
     if cfg.pipeline != "async":
         return []
     problems = []
-    if importlib.util.find_spec("ray") is None:
-        problems.append(
-            "rollout_backend: 'ray' needs the ray package, which is not installed: pip install -e \".[ray]\""
-        )
     for name in ("worker_cpus", "worker_gpus"):  # Ray counts resources in units of 1/10,000
         value = getattr(cfg, name)
         steps = value * 10_000
@@ -73,13 +69,29 @@ def _ray_check(cfg) -> list[str]:
                 f"ray_address: {address!r} is not allowed; give HOST:PORT of the cluster's head (e.g. "
                 "127.0.0.2:6379) or auto"
             )
-    if address is None:  # the actors run on this machine; with an address, on the cluster's machines
+    return problems
+
+
+def _ray_machine(cfg) -> list[str]:
+    """Ray actors: the package is installed; the actors fit this machine's memory when the run starts its own Ray
+    here (with an address, they run on the cluster's machines)."""
+    if cfg.pipeline != "async":
+        return []
+    problems = []
+    if importlib.util.find_spec("ray") is None:
+        problems.append(
+            "rollout_backend: 'ray' needs the ray package, which is not installed: pip install -e \".[ray]\""
+        )
+    if cfg.ray_address is None:
         problems += _memory_check(cfg)
     return problems
 
 
 @register_backend(
-    "ray", uses=("worker_cpus", "worker_gpus", "ray_address", "worker_restarts"), check=_ray_check
+    "ray",
+    uses=("worker_cpus", "worker_gpus", "ray_address", "worker_restarts"),
+    check=_ray_check,
+    check_machine=_ray_machine,
 )
 def _ray(cfg):
     """rollout workers as Ray actors, on a Ray this run starts or on a cluster (--ray-address)"""

@@ -1,5 +1,8 @@
 """A rollout worker's process shell: configuration, its copy of the weights, messages, heartbeats.
 
+Its configuration is the one the trainer's preflight resolved (a named model's folder, not its name), taken as it
+is: a worker neither checks nor resolves it again (:meth:`lrl.config.Config.resolved`).
+
 Started by a backend (a spawned process: :mod:`lrl.pipeline.backends.spawn`; a thread; a Ray actor); its first
 message is its :class:`~lrl.pipeline.messages.Setup`. The worker runs one :class:`lrl.rollout.Rollout` (the same
 episode loop as the synchronous pipeline): up to ``--slots`` episodes in flight, all those generating decoded in
@@ -81,7 +84,7 @@ class Worker:
         self.board = setup.board
         self.inbox = inbox
         self.outbox = outbox
-        self.cfg = Config(**setup.cfg)
+        self.cfg = Config.resolved(setup.cfg)  # checked and resolved once, by the trainer's preflight
         self.world = setup.world
         self.spec = make_env(self.cfg, run_tokenizer(self.cfg))
         self.env_generator = torch.Generator().manual_seed(
