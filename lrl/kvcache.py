@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from lrl.decoding import context_length, sample_tokens, truncated_log_probs
+from lrl.logprobs import distinct_sequences
 
 
 # -- checks ----------------------------------------------------------------------------------------
@@ -215,9 +216,7 @@ class KVCacheDecoder:
     def _prefill_shared(self, seqs: list[list[int]]) -> torch.Tensor:
         """A new batch of rows that start from nothing: each distinct sequence is prefilled once (the samples of one
         task share their prompt), then its cache and logits are copied to every row that holds it -> [b, V]."""
-        first: dict[tuple[int, ...], int] = {}
-        index = [first.setdefault(tuple(seq), len(first)) for seq in seqs]
-        distinct = list(first)
+        distinct, index = distinct_sequences(seqs)
         self.batch = KVBatch(self.model, self.pad_id, n=len(distinct))
         logits = self.batch.feed([list(seq) for seq in distinct])
         if len(distinct) == len(seqs):

@@ -134,6 +134,14 @@ def token_log_probs(
     return out, ent
 
 
+def distinct_sequences(seqs) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The distinct token sequences of `seqs`, in the order they first appear, and the index of each sequence's
+    among them (the samples of one task share their prompt: it is run once)."""
+    first: dict[tuple[int, ...], int] = {}
+    index = [first.setdefault(tuple(seq), len(first)) for seq in seqs]
+    return list(first), index
+
+
 def _shared_prompt_hidden(model, ids, attention_mask, prefix, where) -> torch.Tensor:
     """The body's hidden state at the positions `where` ([B, T-1] bool; row-major order) -> [N, H], each distinct
     prompt ``ids[r, :prefix[r]]`` run once.
@@ -148,11 +156,8 @@ def _shared_prompt_hidden(model, ids, attention_mask, prefix, where) -> torch.Te
     body = _body(model)
     rows = len(ids)
     device = ids.device
-    first: dict[tuple[int, ...], int] = {}
-    group = torch.tensor(
-        [first.setdefault(tuple(ids[r, : int(prefix[r])].tolist()), len(first)) for r in range(rows)], device=device
-    )
-    prompts = list(first)
+    prompts, index = distinct_sequences(ids[r, : int(prefix[r])].tolist() for r in range(rows))
+    group = torch.tensor(index, device=device)
     width = max(map(len, prompts))
     pad = int(ids[0, -1]) if ids.shape[1] else 0  # any id: padded positions are masked
     prompt_ids = torch.full((len(prompts), width), pad, dtype=ids.dtype, device=device)
