@@ -25,7 +25,6 @@ import multiprocessing as mp
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -46,35 +45,17 @@ def trl_missing() -> bool:
 
 
 # -- the two workers (each in a process of its own; a step starts when the bench says so) --------------------
-class Gate:
-    """A worker's side of the turn-taking: wait for "go" before a step, report the step after it."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.start = 0.0
-        self.info: dict = {}
-
-    def begin(self) -> None:
-        self.conn.send(("ready",))
-        if self.conn.recv() != "go":
-            raise SystemExit(0)
-        self.info = {}
-        self.start = time.perf_counter()
-
-    def end(self, **info) -> None:
-        self.conn.send(("done", time.perf_counter() - self.start, {**self.info, **info}))
-
-
 def trl_worker(conn, args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
     from calc_one_turn import REPLY_TOKENS, one_turn_reward
     from datasets import Dataset
+    from step_gate import Gate
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lrl.envs.calc import INSTRUCTIONS, make_calc_tasks
+    from lrl.envs.calc import make_calc_tasks
     from lrl.precision import native_bf16
 
     gate = Gate(conn)
@@ -95,8 +76,9 @@ def trl_worker(conn, args) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(args.model_dir)
+    out = tempfile.TemporaryDirectory(prefix="lrl-bench-trl-")  # TRL's output folder, removed after the run
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="lrl-bench-trl-"),
+        output_dir=out.name,
         per_device_train_batch_size=EPISODES,
         gradient_accumulation_steps=1,
         num_generations=8,
@@ -125,8 +107,10 @@ def trl_worker(conn, args) -> None:
         processing_class=tok,
         callbacks=[Steps()],
     )
-    assert INSTRUCTIONS  # the system message both sides show
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        out.cleanup()
     conn.send(("finished",))
 
 
@@ -138,6 +122,7 @@ def messages(problem: str) -> list[dict]:
 
 def lrl_worker(conn, args) -> None:
     import lightning as L
+    from step_gate import Gate
 
     from lrl.arguments import parse_args
     from lrl.run import build_run
@@ -150,8 +135,8 @@ def lrl_worker(conn, args) -> None:
 
         def on_train_batch_end(self, trainer, module, *a, **kw):
             h = module.history[-1]
-            episodes = h["train/action_tokens"] * EPISODES
-            gate.end(trained=not h["train/skipped"], tokens=episodes, reward=h["train/reward"])
+            tokens = h["train/action_tokens"] * EPISODES  # the mean an episode, times the episodes
+            gate.end(trained=not h["train/skipped"], tokens=tokens, reward=h["train/reward"])
 
     flags = [
         "--env", "calc1", "--plugins", "calc_one_turn", "--model", args.model_dir, "--tasks-per-step", "4",

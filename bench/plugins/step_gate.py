@@ -18,21 +18,35 @@ import lightning as L
 from lrl.registry import CALLBACKS
 
 
-class StepGate(L.Callback):
-    def __init__(self, address: str):
-        self.conn = Client(address, family="AF_UNIX")
-        self.start = 0.0
+class Gate:
+    """A worker's side of the turn-taking, over a connection to the bench: say "ready" and wait for "go" before a
+    step, report the step's seconds and what is known of it after it (bench_recipe_speed.py, bench_vs_trl.py)."""
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+    def __init__(self, conn):
+        self.conn = conn
+        self.start = 0.0
+        self.info: dict = {}  # what the step adds as it goes (bench_vs_trl's reward function)
+
+    def begin(self) -> None:
         self.conn.send(("ready",))
         if self.conn.recv() != "go":
             raise SystemExit(0)
+        self.info = {}
         self.start = time.perf_counter()
 
+    def end(self, **info) -> None:
+        self.conn.send(("done", time.perf_counter() - self.start, {**self.info, **info}))
+
+
+class StepGate(L.Callback):
+    def __init__(self, address: str):
+        self.gate = Gate(Client(address, family="AF_UNIX"))
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.gate.begin()
+
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        seconds = time.perf_counter() - self.start
-        record = {k: v for k, v in module.history[-1].items() if isinstance(v, (int, float))}
-        self.conn.send(("done", seconds, record))
+        self.gate.end(**{k: v for k, v in module.history[-1].items() if isinstance(v, (int, float))})
 
 
 @CALLBACKS.register("step_gate")
