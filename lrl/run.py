@@ -9,6 +9,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
@@ -18,20 +19,27 @@ from lrl.checkpoint import GracefulStop, StoppedBeforeTraining
 from lrl.config import Config, ConfigError
 from lrl.envs import run_tokenizer  # noqa: F401  (the run's tokenizer; imported from here by tools)
 
+if TYPE_CHECKING:
+    from lrl.data import RolloutDataModule
+    from lrl.envs.base import EnvSpec
+    from lrl.module import OffPolicyModule
+    from lrl.runs import RunFolder
+    from lrl.sources.base import RolloutSource
+
 
 @dataclass
 class Run:
     """Everything a training run is made of."""
 
     cfg: Config
-    spec: object  # lrl.envs.EnvSpec
+    spec: EnvSpec
     policy: torch.nn.Module
-    source: object  # lrl.sources.RolloutSource: where the batches come from
-    module: object
-    datamodule: object
+    source: RolloutSource  # where the batches come from
+    module: OffPolicyModule
+    datamodule: RolloutDataModule
     trainer: L.Trainer
     ckpt_path: str | None = None  # the checkpoint fit() resumes from (cfg.resume, resolved)
-    folder: object = None  # lrl.runs.RunFolder: where the run writes, when it writes anything
+    folder: RunFolder | None = None  # where the run writes, when it writes anything
 
     @property
     def tok(self):

@@ -36,6 +36,38 @@ def test_a_frozen_policy_computes_every_step_and_moves_no_weight(format_policy):
     assert all(torch.equal(a, b) for a, b in zip(before, run.policy.parameters()))
 
 
+def test_a_runs_fields_are_what_their_annotations_say(format_policy, tmp_path):
+    import typing
+
+    import lrl.data
+    import lrl.envs.base
+    import lrl.module
+    import lrl.run
+    import lrl.runs
+    import lrl.sources.base
+
+    names = {**vars(lrl.run)}
+    for module in (lrl.data, lrl.envs.base, lrl.module, lrl.runs, lrl.sources.base):
+        names.update(vars(module))
+    hints = typing.get_type_hints(lrl.run.Run, globalns=names)
+    assert object not in hints.values()
+    cfg = quick_cfg(max_steps=1, checkpoint_every=1, log_dir=str(tmp_path))
+    run = build_run(cfg, logger=False, policy=copy.deepcopy(format_policy))
+    try:
+        for name, hint in hints.items():
+            value = getattr(run, name)
+            if hint is lrl.sources.base.RolloutSource:  # a Protocol: the source has each of its methods
+                missing = [
+                    m for m in vars(hint) if not m.startswith("_") and not callable(getattr(value, m, None))
+                ]
+                assert not missing, missing
+            else:
+                assert isinstance(value, hint), (name, value, hint)
+        assert run.folder is not None  # checkpoints kept in the run's folder: the optional field is set too
+    finally:
+        run.folder.release()
+
+
 class Recorder(L.Callback):
     """Keeps every trained batch with the trainer's version and recomputed old_logp."""
 
