@@ -151,5 +151,5 @@ def test_default_run_with_failures_reaches_heldout_target():
 
     run = build_run(Config(progress=False, log_dir="/tmp/lrl-test-runs", env_failure_rate=0.05), logger=False)
     result = fit(run)
-    assert result["pass_rate"] >= 0.8
+    assert result.pass_rate >= 0.8
     assert sum(h["env/failures"] for h in run.module.history) > 0

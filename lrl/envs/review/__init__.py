@@ -66,7 +66,7 @@ REVIEW_DEFAULTS = {
     "max_turns": 14,
     "sampler": "engine",
     "tasks_per_step": 8,
-    "episodes_per_task": 8,  # 4 per task collapsed into malformed actions (docs/review.md)
+    "episodes_per_task": 8,  # 4 per task collapsed into malformed actions (docs/results/review.md)
     "minibatches": 2,
     "eval_episodes": 4,
     "eval_every": 10,
