@@ -30,8 +30,7 @@ def _registry_rules(cfg) -> list[str]:
             problems.append(f"{f.name}: {value!r} is not used by {scope} {chosen!r}; it applies to: {users}")
     for scope, registry in REGISTRIES.items():
         for entry in registry.chosen(getattr(cfg, scope)):
-            if entry.check is not None:
-                problems += list(entry.check(cfg))
+            problems += entry.problems(cfg)
     return problems
 
 

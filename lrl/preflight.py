@@ -60,8 +60,7 @@ def resolve(cfg: Config) -> Config:
     if not problems:  # an entry's needs are judged on the model the run will have
         for scope, registry in REGISTRIES.items():
             for entry in registry.chosen(getattr(cfg, scope)):
-                if entry.check_machine is not None:
-                    problems += list(entry.check_machine(cfg))
+                problems += entry.machine_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
     return cfg
@@ -135,8 +134,7 @@ def check_model(cfg: Config, spec, model) -> None:
         problems += [p for p in [fp16_problem(accelerator_device(cfg.accelerator))] if p]
     for scope, registry in REGISTRIES.items():
         for entry in registry.chosen(getattr(cfg, scope)):
-            if entry.check_model is not None:
-                problems += list(entry.check_model(cfg, spec, model))
+            problems += entry.model_problems(cfg, spec, model)
     if problems:
         raise ConfigError("; ".join(problems))
     try:
@@ -172,8 +170,9 @@ def check_tokenizer(cfg: Config, spec) -> None:
     for action in spec.actions:
         wrong = _round_trip(spec.tok, action)
         if wrong is not None:
+            source = tokenizer_option(cfg.policy, cfg.environment.env)
             raise ConfigError(
-                f"{tokenizer_option(cfg)} cannot spell the {spec.name} action {action!r}: encoded and "
+                f"{source} cannot spell the {spec.name} action {action!r}: encoded and "
                 f"decoded, it {wrong}; use a tokenizer whose vocabulary holds the action's words"
             )
 
