@@ -60,7 +60,7 @@ def close_pools() -> None:
 def codefix_spec(tok=None, max_turns: int = 5, tasks_dir=None, workers: int = 0, level: str = "auto",
                  wall: float = 1.0, retries: int = 1) -> EnvSpec:  # fmt: skip
     """The codefix EnvSpec: its word tokenizer (or `tok`), the generated tasks or a folder's, the pool's settings."""
-    from lrl.envs.codefix.base import make_codefix_base
+    from lrl.envs.codefix.base import RL_BASE
 
     tok = tok if tok is not None else codefix_tokenizer()
     tasks = load_tasks(tasks_dir) if tasks_dir else make_code_tasks("all")
@@ -80,7 +80,7 @@ def codefix_spec(tok=None, max_turns: int = 5, tasks_dir=None, workers: int = 0,
         heldout_tasks=heldout,
         max_action_tokens=budget,
         metrics=("tests",),
-        warm_start=lambda: make_codefix_base(tok, verbose=True),
+        warm_start=lambda: RL_BASE.policy(tok, verbose=True),
         max_episode_tokens=longest,
         actions=actions,
         counters=COUNTERS,

@@ -20,7 +20,7 @@ def review_tokenizer() -> WordTokenizer:
 
 def review_spec(tok=None, max_turns: int = 14) -> EnvSpec:
     """The review environment's EnvSpec for a tokenizer (None: its word tokenizer) and turn limit."""
-    from lrl.envs.review.base import make_review_base
+    from lrl.envs.review.base import RL_BASE
 
     tok = tok if tok is not None else review_tokenizer()
     return EnvSpec(
@@ -31,7 +31,7 @@ def review_spec(tok=None, max_turns: int = 14) -> EnvSpec:
         heldout_tasks=make_reviews("heldout"),
         max_action_tokens=action_budget(tok),
         metrics=("wrong", "lines"),
-        warm_start=lambda: make_review_base(tok, verbose=True),
+        warm_start=lambda: RL_BASE.policy(tok, verbose=True),
         eval_decode="kvcache",
         max_episode_tokens=longest_episode(tok, max_turns),
         actions=example_actions(),

@@ -39,7 +39,7 @@ def tinyagent(environment: EnvironmentOptions, tok=None) -> EnvSpec:
 
 def tinyagent_spec(tok=None, max_turns: int = 3) -> EnvSpec:
     """TinyAgent's EnvSpec for a tokenizer (None: the gym's word tokenizer) and turn limit."""
-    from lrl.envs.tinyagent.base import make_rl_base
+    from lrl.envs.tinyagent.base import RL_BASE
 
     tok = tok if tok is not None else build_tokenizer(make_tasks("all"))
     actions = ("read", *(f"answer {k}" for k in range(1, N_LINES + 1)))
@@ -56,7 +56,7 @@ def tinyagent_spec(tok=None, max_turns: int = 3) -> EnvSpec:
         heldout_tasks=make_tasks("heldout"),
         max_action_tokens=budget,
         metrics=("reads",),
-        warm_start=lambda: make_rl_base(tok, verbose=True),
+        warm_start=lambda: RL_BASE.policy(tok, verbose=True),
         max_episode_tokens=longest,
         actions=actions,
     )
