@@ -14,7 +14,7 @@ makes the set a Config switches on; docs/monitoring.md lists every key.
 from __future__ import annotations
 
 from lrl.lazy import lazy_names
-from lrl.registry import CALLBACKS
+from lrl.registry import CALLBACKS, supply
 
 # the callbacks load on first use: importing this package (as the config's validation does, to know the registered
 # names) imports nothing of Lightning
@@ -58,7 +58,7 @@ def build_callbacks(cfg) -> list:
         from lrl.callbacks.mismatch_split import MismatchSplit
 
         out.append(MismatchSplit(m.mismatch_split_every, m.mismatch_split_rows))
-    out += [CALLBACKS.get(name).build(cfg) for name in m.callbacks]  # each takes what it names (registry.supply)
+    out += [supply(CALLBACKS.get(name).factory, cfg) for name in m.callbacks]  # each takes what it names
     if m.monitor_timing:
         out.append(TimingMonitor())
     return out

@@ -24,6 +24,7 @@ from lrl.decoding import Sampling, TrainerStyleDecoder
 from lrl.envs import EnvSpec, StepResult
 from lrl.pipeline.policies import Drop, register_stale_policy
 from lrl.policy import make_policy
+from lrl.registry import supply
 from lrl.rollout import run_episodes
 from lrl.tokenizers import WordTokenizer
 from lrl.warmstart import fit_demonstrations
@@ -41,7 +42,7 @@ def lagged_topk(sampling, tok):
 @samplers.register("onpolicy_counted", uses=samplers.SAMPLERS["onpolicy"].uses)
 def onpolicy_counted(cfg, tok):
     """the built-in on-policy sampler, counting the weight syncs it receives in `syncs`"""
-    sampler = samplers.SAMPLERS["onpolicy"].build(cfg, tok=tok)  # the whole config, for the entry it wraps
+    sampler = supply(samplers.SAMPLERS["onpolicy"].factory, cfg, tok=tok)  # the whole config, passed on
     sampler.syncs = 0
     sync = sampler.sync
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import unicodedata
 
-from lrl.registry import REGISTRIES
+from lrl.registry import REGISTRIES, supply
 from lrl.sections import OPTIONS
 
 
@@ -30,7 +30,8 @@ def _registry_rules(cfg) -> list[str]:
             problems.append(f"{f.name}: {value!r} is not used by {scope} {chosen!r}; it applies to: {users}")
     for scope, registry in REGISTRIES.items():
         for entry in registry.chosen(getattr(cfg, scope)):
-            problems += entry.problems(cfg)
+            if entry.check is not None:
+                problems += list(supply(entry.check, cfg))
     return problems
 
 

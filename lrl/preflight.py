@@ -29,7 +29,7 @@ from pathlib import Path
 
 from lrl.config import Config, ConfigError
 from lrl.envs import tokenizer_option
-from lrl.registry import REGISTRIES
+from lrl.registry import REGISTRIES, supply
 
 # the checks in the order a run makes them (docs/options.md lists them from here)
 __all__ = ["resolve", "check_paths", "check_environment", "check_model", "check_checkpoint"]
@@ -60,7 +60,8 @@ def resolve(cfg: Config) -> Config:
     if not problems:  # an entry's needs are judged on the model the run will have
         for scope, registry in REGISTRIES.items():
             for entry in registry.chosen(getattr(cfg, scope)):
-                problems += entry.machine_problems(cfg)
+                if entry.check_machine is not None:
+                    problems += list(supply(entry.check_machine, cfg))
     if problems:
         raise ConfigError("; ".join(problems))
     return cfg
@@ -134,7 +135,8 @@ def check_model(cfg: Config, spec, model) -> None:
         problems += [p for p in [fp16_problem(accelerator_device(cfg.accelerator))] if p]
     for scope, registry in REGISTRIES.items():
         for entry in registry.chosen(getattr(cfg, scope)):
-            problems += entry.model_problems(cfg, spec, model)
+            if entry.check_model is not None:
+                problems += list(supply(entry.check_model, cfg, spec=spec, model=model))
     if problems:
         raise ConfigError("; ".join(problems))
     try:

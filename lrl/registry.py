@@ -11,9 +11,10 @@ those and the plugins.
 
 A factory and each check take what they read, by the names of their parameters (:func:`supply`): a section of the
 config (``sampling``, ``environment``, ...), one option (``seed``), what the caller hands over (``tok``, ``spec``,
-``model``), or, for an entry that passes the config on, all of it (``cfg``). The entry's methods (:meth:`Entry.build`,
-:meth:`Entry.problems`, ...) are the one place that picks those pieces out of a whole config, so a signature says
-what the entry depends on: ``def mine(sampling, tok)`` reads the sampling section and nothing else.
+``model``), or, for an entry that passes the config on, all of it (``cfg``), so a signature says what the entry
+depends on: ``def mine(sampling, tok)`` reads the sampling section and nothing else.
+``supply`` is the one place that picks those pieces out of a whole config: whoever builds or checks an entry calls
+``supply(entry.factory, cfg, tok=tok)``, ``supply(entry.check, cfg)``.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Entry:
     """One registered choice: its factory (or function), the config keys it reads, its own checks."""
 
     name: str
-    factory: Callable  # built with build(): what its parameters name (corrections and masks: their own call)
+    factory: Callable  # called with what its parameters name (supply); corrections and masks: their own call
     uses: tuple[str, ...] = ()
     check: Callable | None = None
     help: str = ""
@@ -88,26 +89,6 @@ class Entry:
     # split of an asynchronous run reads them; its samplers live in the workers)
     traits: Callable | None = None
     check_machine: Callable | None = None  # problems: what it needs of this machine (preflight)
-
-    def build(self, cfg, **given):
-        """The factory's product for a run of `cfg`; `given`: what the caller hands over (a tokenizer: ``tok``)."""
-        return supply(self.factory, cfg, **given)
-
-    def problems(self, cfg) -> list[str]:
-        """Its own rules' problems with `cfg`, from the values alone."""
-        return list(supply(self.check, cfg)) if self.check is not None else []
-
-    def machine_problems(self, cfg) -> list[str]:
-        """What it needs of this machine and does not find (the preflight's)."""
-        return list(supply(self.check_machine, cfg)) if self.check_machine is not None else []
-
-    def model_problems(self, cfg, spec, model) -> list[str]:
-        """Why it cannot run `model` in environment `spec` (none: it can)."""
-        return list(supply(self.check_model, cfg, spec=spec, model=model)) if self.check_model is not None else []
-
-    def declared_traits(self, cfg):
-        """A sampler's traits as its entry declares them (None where it declares none)."""
-        return supply(self.traits, cfg) if self.traits is not None else None
 
 
 class Registry(Mapping):

@@ -16,7 +16,7 @@ A user's sampler registers the same way, from any module named in ``plugins``::
 A factory takes what its parameters name (:func:`lrl.registry.supply`): the sampling section (``sampling``,
 :class:`lrl.sections.SamplingOptions`), another section (``policy`` for the model and precision), one option
 (``seed``), the run's tokenizer (``tok``), or the whole config (``cfg``, for an entry that builds another entry:
-``SAMPLERS["onpolicy"].build(cfg, tok=tok)``).
+``supply(SAMPLERS["onpolicy"].factory, cfg, tok=tok)``).
 
 Every sampler has the :class:`Sampler` Protocol of samplers/base.py, its ``traits`` included: the mismatch split
 and the memory plan read those, never a sampler's name or class. An entry may also declare them without building
@@ -27,7 +27,7 @@ at hand: an asynchronous run's samplers live in its workers (:func:`sampler_trai
 from __future__ import annotations
 
 from lrl.decoding import Sampling
-from lrl.registry import SAMPLERS
+from lrl.registry import SAMPLERS, supply
 from lrl.samplers.base import BehaviorSampler, OnPolicySampler, Sampler, Traits, cpu_state
 from lrl.samplers.engine import EngineSampler
 from lrl.samplers.fp8 import fp8_transform, round_fp8
@@ -141,7 +141,7 @@ def _vllm(sampling: SamplingOptions, policy: PolicyOptions, seed: int, tok):
 
 def make_sampler(cfg, tok) -> Sampler:
     """The sampler named by the config's sampling section (a registry entry), built for this run."""
-    sampler = SAMPLERS.get(cfg.sampling.sampler).build(cfg, tok=tok)
+    sampler = supply(SAMPLERS.get(cfg.sampling.sampler).factory, cfg, tok=tok)
     sampler.name = cfg.sampling.sampler
     return sampler
 
@@ -150,8 +150,8 @@ def sampler_traits(cfg, tok) -> Traits:
     """The traits of the config's sampler, where no sampler of it is at hand (an asynchronous run's live in its
     workers): its entry's declaration; an entry that declares none (a plugin's own) is built, not set up, and
     asked."""
-    traits = SAMPLERS.get(cfg.sampling.sampler).declared_traits(cfg)
-    return traits if traits is not None else make_sampler(cfg, tok).traits
+    entry = SAMPLERS.get(cfg.sampling.sampler)
+    return supply(entry.traits, cfg) if entry.traits is not None else make_sampler(cfg, tok).traits
 
 
 __all__ = [

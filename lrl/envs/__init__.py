@@ -9,7 +9,7 @@ brings its own. ``make_env(cfg, tok)`` builds the environment a config names. Se
 from __future__ import annotations
 
 from lrl.envs.base import Env, EnvSpec, FailureInjection, StepResult
-from lrl.registry import ENVS
+from lrl.registry import ENVS, supply
 from lrl.sections import EnvironmentOptions, PolicyOptions
 
 register_env = ENVS.register
@@ -44,7 +44,7 @@ def make_env(cfg, tok=None) -> EnvSpec:
                     f"{tokenizer_option(policy, env.env)}) has no chat template; leave it unset or give --model a "
                     "chat model"
                 )
-    spec = entry.build(cfg, tok=tok)
+    spec = supply(entry.factory, cfg, tok=tok)
     per_step, train = cfg.batch.tasks_per_step, len(spec.train_tasks)
     if per_step > train:
         raise ConfigError(f"tasks_per_step: {per_step} is more than the {train} train tasks of {env.env}")

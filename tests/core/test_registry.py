@@ -75,8 +75,9 @@ def test_a_factory_gets_the_sections_options_and_values_its_parameters_name():
         supply(lambda replace: replace, cfg)  # a method of the config is not a piece of it
 
 
-def test_an_entry_builds_and_checks_with_what_it_names():
+def test_an_entry_is_built_and_checked_with_what_it_names():
     from lrl.config import Config
+    from lrl.registry import supply
 
     registry = Registry("sampler")
 
@@ -84,11 +85,15 @@ def test_an_entry_builds_and_checks_with_what_it_names():
     def mine(sampling, tok):
         return sampling.lag, tok
 
+    @registry.register("wrapper")
+    def wrapper(cfg, tok):  # the whole config, passed on to the entry it wraps
+        return ["wrapped", *supply(registry["mine"].factory, cfg, tok=tok)]
+
     cfg = Config(sampler="lagged", lag=3)
     entry = registry["mine"]
-    assert entry.build(cfg, tok="t") == (3, "t") and entry.problems(cfg) == ["lag 3"]
-    assert entry.machine_problems(cfg) == ["none here"] and entry.model_problems(cfg, None, None) == []
-    assert entry.declared_traits(cfg) is None
+    assert supply(entry.factory, cfg, tok="t") == (3, "t") and supply(entry.check, cfg) == ["lag 3"]
+    assert supply(entry.check_machine, cfg) == ["none here"]
+    assert supply(registry["wrapper"].factory, cfg, tok="t") == ["wrapped", 3, "t"]
 
 
 def test_a_step_with_more_tasks_than_the_environment_has_is_refused_where_it_is_made():
