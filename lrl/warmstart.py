@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import torch
 
@@ -123,19 +122,36 @@ def cached_policy(
 
 
 @dataclass(frozen=True)
+class WarmStartOptions:
+    """A warm start's hyper-parameters, every one part of its cache key; an environment's add their own."""
+
+    rule_steps: int = 600
+    """first phase: optimizer steps on the demonstrations that teach the rule"""
+    steps: int = 150
+    """second phase: optimizer steps on the demonstrations the RL base is left with"""
+    batch_size: int = 64
+    """demonstrations per step"""
+    lr: float = 3e-3
+    """Adam learning rate"""
+    seed: int = 0
+    """initialisation and demonstration-order seed"""
+    threads: int = 2
+    """torch threads used while training: float reduction order depends on it, so it is fixed here"""
+
+
+@dataclass(frozen=True)
 class WarmStart:
     """An environment's RL base: a fresh policy trained on the demonstrations the environment draws, cached (or
     shipped) under a key of everything that determines it, so the same warm start is trained once.
 
-    ``options`` are its default hyper-parameters: a frozen dataclass with ``seed``, ``threads`` (torch threads
-    while training: float reduction order depends on them), ``lr`` and ``total_steps``; all of it is in the key.
-    ``draw(tok, rng, options, step)`` gives a step's demonstrations from the generator ``rng``, seeded with
-    ``seed + options.seed``. ``code``: the modules whose source draws them (in the key); ``extra``: anything else
+    ``options`` are its default hyper-parameters (:class:`WarmStartOptions`, with the environment's own), all of
+    them in the key. ``draw(tok, rng, options, step)`` gives a step's demonstrations (the first phase's while
+    ``step < options.rule_steps``) from the generator ``rng``, seeded with ``seed + options.seed``. ``code``: the modules whose source draws them (in the key); ``extra``: anything else
     that determines the policy (in the key); ``size``: the policy's size beyond the default (``make_policy``'s).
     """
 
     name: str  # the cache folder's prefix
-    options: Any
+    options: WarmStartOptions
     draw: Callable[..., list[Demo]]
     seed: int
     code: tuple[ModuleType, ...] = ()
@@ -143,15 +159,15 @@ class WarmStart:
     size: dict = field(default_factory=dict)
     log_every: int = 100  # training steps between two printed losses, when verbose
 
-    def train(self, tok, options=None, log_every: int = 0) -> torch.nn.Module:
+    def train(self, tok, options: WarmStartOptions | None = None, log_every: int = 0) -> torch.nn.Module:
         """The warm start from scratch -> the RL base (deterministic for given options)."""
         options = options if options is not None else self.options
         rng = random.Random(self.seed + options.seed)
         with fixed_threads(options.threads):
             model = make_policy(tok, seed=options.seed, **self.size)
             return fit_demonstrations(
-                model, lambda step: self.draw(tok, rng, options, step), options.total_steps, options.lr,
-                tok.pad_id, log_every,
+                model, lambda step: self.draw(tok, rng, options, step), options.rule_steps + options.steps,
+                options.lr, tok.pad_id, log_every,
             )  # fmt: skip
 
     def key(self, tok, options=None) -> str:

@@ -16,31 +16,22 @@ import sys
 from dataclasses import dataclass, replace
 
 from lrl.envs.codefix.tasks import AGENT_OBS, FAMILIES, K
-from lrl.warmstart import Demo, WarmStart
+from lrl.warmstart import Demo, WarmStart, WarmStartOptions
 
 DEMO_SEED = 4711
 
 
 @dataclass(frozen=True)
-class CodefixBaseConfig:
-    """Hyper-parameters of the warm start; part of the cache key."""
+class CodefixBaseConfig(WarmStartOptions):
+    """Hyper-parameters of the warm start; part of the cache key. The first phase (``rule_steps``) trains on
+    test-until-pass demonstrations only (it learns to read a verdict); the second on the mix below, which sets how
+    often the base tests first."""
 
-    rule_steps: int = 600
-    """first phase: test-until-pass demonstrations only (learns to read a verdict)"""
     steps: int = 200
-    """second phase: the mix below (sets how often the base tests first)"""
-    batch_size: int = 64
-    lr: float = 3e-3
     until_pass: float = 0.5
     """share of test-until-pass demonstrations; the rest are decision demonstrations"""
     test_prob: float = 0.15
     """probability that a decision demonstration tests first"""
-    seed: int = 0
-    threads: int = 2
-
-    @property
-    def total_steps(self) -> int:
-        return self.rule_steps + self.steps
 
 
 def _prompt(family: str, k: int) -> str:

@@ -16,7 +16,7 @@ from functools import cache
 
 from lrl.envs.review import tasks
 from lrl.envs.review.tasks import MAX_LINES, make_reviews, random_review
-from lrl.warmstart import Demo, WarmStart
+from lrl.warmstart import Demo, WarmStart, WarmStartOptions
 
 DEMO_SEED = 2718
 NOISE = {"min": ("ok", 0.5), "max": ("bad", 0.25)}  # operator -> (wrong label, how often the demos use it)
@@ -24,22 +24,15 @@ CONTEXT = 1024
 
 
 @dataclass(frozen=True)
-class ReviewBaseConfig:
-    """Hyper-parameters of the warm start; part of the cache key."""
+class ReviewBaseConfig(WarmStartOptions):
+    """Hyper-parameters of the warm start; part of the cache key. The first phase (``rule_steps``) trains on files
+    log-uniform in [20, max_lines] lines (cheap; it learns the format and the rule); the second on files up to the
+    environment's longest, so that late pages are judged like early ones."""
 
-    steps: int = 500
-    """first phase: files log-uniform in [20, max_lines] lines (cheap; learns the format and the rule)"""
-    max_lines: int = 60
-    long_steps: int = 200
-    """second phase: files up to the environment's longest, so that late pages are judged like early ones"""
+    rule_steps: int = 500
+    steps: int = 200
     batch_size: int = 16
-    lr: float = 3e-3
-    seed: int = 0
-    threads: int = 2
-
-    @property
-    def total_steps(self) -> int:
-        return self.steps + self.long_steps
+    max_lines: int = 60
 
 
 def demonstration(task, tok, rng: random.Random) -> Demo:
@@ -69,10 +62,10 @@ def _fixed() -> frozenset:
 
 
 def draw(tok, rng: random.Random, hp: ReviewBaseConfig, step: int) -> list[Demo]:
-    """A step's demonstrations: files of at most ``max_lines`` lines for the first ``steps``, then any."""
+    """A step's demonstrations: files of at most ``max_lines`` lines for the first ``rule_steps``, then any."""
     out = []
     while len(out) < hp.batch_size:
-        task = random_review(rng, hi=hp.max_lines if step < hp.steps else MAX_LINES)
+        task = random_review(rng, hi=hp.max_lines if step < hp.rule_steps else MAX_LINES)
         if task.ops not in _fixed():
             out.append(demonstration(task, tok, rng))
     return out

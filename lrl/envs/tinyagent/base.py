@@ -16,35 +16,21 @@ from dataclasses import dataclass, replace
 
 from lrl.envs.tinyagent import tasks
 from lrl.envs.tinyagent.tasks import Task, make_tasks, random_task
-from lrl.warmstart import Demo, WarmStart
+from lrl.warmstart import Demo, WarmStart, WarmStartOptions
 
 DEMO_SEED = 31337
 
 
 @dataclass(frozen=True)
-class BaseConfig:
-    """Hyper-parameters of the warm start; part of the cache key."""
+class BaseConfig(WarmStartOptions):
+    """Hyper-parameters of the warm start; part of the cache key. The first phase (``rule_steps``) trains on
+    read-then-answer demonstrations only (it learns the rule); the second on the mix below, which sets how often
+    the agent reads."""
 
-    rule_steps: int = 600
-    """first phase: optimizer steps on read-then-answer demonstrations only (learns the rule)"""
-    steps: int = 150
-    """second phase: optimizer steps on the mix below (sets how often the agent reads)"""
-    batch_size: int = 64
-    """demonstrations per step"""
-    lr: float = 3e-3
-    """Adam learning rate"""
     read_then_answer: float = 0.5
     """share of read-then-answer demonstrations; the rest are decision demonstrations"""
     read_prob: float = 0.1
     """probability that a decision demonstration reads"""
-    seed: int = 0
-    """initialisation and demonstration-order seed"""
-    threads: int = 2
-    """torch threads used while training: float reduction order depends on it, so it is fixed here"""
-
-    @property
-    def total_steps(self) -> int:
-        return self.rule_steps + self.steps
 
 
 def _demo(task: Task, tok, rng: random.Random, hp: BaseConfig) -> Demo:
