@@ -34,7 +34,11 @@ def supply(fn: Callable, cfg, **given):
     name (``seed``), then the whole `cfg` for a parameter named ``cfg`` or ``config``. A parameter that names none
     of these keeps its default; one without a default is a TypeError that says so."""
     args, kwargs = [], {}
-    for p in _parameters(fn):
+    try:
+        parameters = _parameters(fn)
+    except TypeError:  # a callable that cannot be hashed: read its signature each time
+        parameters = tuple(inspect.signature(fn).parameters.values())
+    for p in parameters:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         if p.name in given:

@@ -6,7 +6,7 @@ observation's token ids, a reward, whether the episode ended, and an ``info`` di
 and rewards; it knows nothing of samplers, versions or worker failures: :class:`FailureInjection` wraps any
 environment to stand in for an unreliable worker.
 
-An :class:`EnvSpec` is what a registered environment factory ``fn(cfg, tok) -> EnvSpec`` returns.
+An :class:`EnvSpec` is what a registered environment factory ``fn(environment, tok) -> EnvSpec`` returns.
 """
 
 from __future__ import annotations
