@@ -8,7 +8,7 @@ brings its own. ``make_env(cfg, tok)`` builds the environment a config names. Se
 
 from __future__ import annotations
 
-from lrl.envs.base import Env, EnvSpec, FailureInjection, StepResult
+from lrl.envs.base import Env, EnvSpec, FailureInjection, StepResult, tokenizer_option
 from lrl.registry import ENVS, supply
 from lrl.sections import EnvironmentOptions, PolicyOptions
 
@@ -88,15 +88,6 @@ def check_role(env: EnvironmentOptions, tok) -> None:
         "its own, so the model would be shown a role it was not trained on; use user (the default), or "
         "--allow-any-role true to use it anyway"
     )
-
-
-def tokenizer_option(policy: PolicyOptions, env: str) -> str:
-    """The option the run's tokenizer came from (environment `env`'s own when neither gives one)."""
-    if policy.tokenizer is not None:
-        return f"tokenizer: {policy.tokenizer!r}"
-    if policy.model is not None:
-        return f"model: the tokenizer saved with {policy.model!r}"
-    return f"env: the {env} environment's own tokenizer"
 
 
 def run_tokenizer(policy: PolicyOptions):

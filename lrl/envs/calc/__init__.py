@@ -10,7 +10,7 @@ cores (docs/real_model.md).
 
 from __future__ import annotations
 
-from lrl.envs.base import EnvSpec
+from lrl.envs.base import EnvSpec, tokenizer_option
 from lrl.envs.calc.calculator import LINE_CHARACTERS, LONGEST_LINE
 from lrl.envs.calc.env import CalcEnv, evaluate, parse
 from lrl.envs.calc.tasks import CalcTask, make_calc_tasks
@@ -41,7 +41,6 @@ CALC_DEFAULTS = {
 def calc(environment: EnvironmentOptions, policy: PolicyOptions, tok=None) -> EnvSpec:
     """word problems with a calculator tool, for a chat model (default --model smollm2-135m)"""
     if tok is None or not getattr(tok, "chat", False):
-        from lrl.envs import tokenizer_option
         from lrl.errors import ConfigError
 
         raise ConfigError(
