@@ -113,7 +113,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     torch.manual_seed(cfg.seed)
     preflight.resolve(cfg)  # named models -> folders; what must exist; each entry's needs of the machine
     preflight.check_paths(cfg)
-    spec = make_env(cfg, run_tokenizer(cfg))
+    spec = make_env(cfg, run_tokenizer(cfg.policy))
     sampler = local_sampler(cfg, spec)  # built, not set up: the memory plan asks it for its copies
     memory = preflight.check_environment(cfg, spec, sampler)
     loaded = policy if policy is not None else load_model(cfg, spec.tok)
