@@ -40,6 +40,7 @@ from lrl.sections import (
     SamplingOptions,
     UpdateOptions,
     WeightingOptions,
+    call_with_sections,
 )
 
 
@@ -105,9 +106,9 @@ class Config:
         for opt in OPTIONS.values():
             problems += check_field(opt.name, getattr(self, opt.name), opt.annotation, opt.meta)
         if not problems:  # cross-key rules assume every option has its type
-            from lrl.config_rules import RULES  # the cross-key rules, each a function of a whole config
+            from lrl.config_rules import RULES  # the cross-key rules, each of the sections it reads
 
-            problems += [p for rule in RULES for p in rule(self)]
+            problems += [p for rule in RULES for p in call_with_sections(rule, self)]
         if problems:
             raise ConfigError("; ".join(problems))
         return self
@@ -141,11 +142,11 @@ def _copied(value):
 def _flat(opt: Option) -> property:
     """``cfg.<name>``: the option read and set in its section."""
 
-    def get(cfg):
-        return getattr(getattr(cfg, opt.section), opt.name)
+    def get(self):
+        return getattr(getattr(self, opt.section), opt.name)
 
-    def put(cfg, value):
-        setattr(getattr(cfg, opt.section), opt.name, value)
+    def put(self, value):
+        setattr(getattr(self, opt.section), opt.name, value)
 
     return property(get, put, doc=opt.meta["help"])
 

@@ -16,9 +16,14 @@ apart is past any threshold either way.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from lrl.registry import MASKS
+
+if TYPE_CHECKING:
+    from lrl.sections import WeightingOptions
 
 ESTIMATORS = ("k1", "k2", "k3")
 KL_LEVELS = ("token", "seq_sum", "seq_mean", "seq_max")
@@ -104,8 +109,8 @@ def m2_keep(logp_trainer, logp_sampler, mask, threshold: float) -> torch.Tensor:
     return keep
 
 
-def _check_kl(cfg) -> list[str]:
-    if cfg.kl_estimator == "k1" and cfg.kl_level == "seq_max":
+def _check_kl(weighting: WeightingOptions) -> list[str]:
+    if weighting.kl_estimator == "k1" and weighting.kl_level == "seq_max":
         return [
             "kl_level: seq_max bounds the largest of each episode's estimates, and k1 is signed; use k2 or k3"
         ]

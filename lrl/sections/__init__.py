@@ -11,6 +11,7 @@ The option that chooses a registered entry keeps its flat name inside its sectio
 
 from __future__ import annotations
 
+import inspect
 import typing
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, fields
@@ -76,6 +77,24 @@ def _options() -> dict[str, Option]:
 OPTIONS: dict[str, Option] = _options()  # every option by its flat name, section by section
 
 
+def call_with_sections(fn, cfg, *args):
+    """``fn`` called with the sections of `cfg` that its leading parameters are named for, then `args`: a registry
+    entry's check ``def check(weighting)`` is given ``cfg.weighting``, ``def check(environment, batch)`` both; one
+    whose first parameter names no section (``def check(cfg)``) is given the whole config."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a callable without a signature Python can read: the whole config
+        names = []
+    wanted = []
+    for name in names:
+        if name not in SECTIONS:
+            break
+        wanted.append(name)
+    if not wanted:
+        return fn(cfg, *args)
+    return fn(*(getattr(cfg, name) for name in wanted), *args)
+
+
 __all__ = [
     "ASYNC",
     "OPTIONS",
@@ -91,4 +110,5 @@ __all__ = [
     "SamplingOptions",
     "UpdateOptions",
     "WeightingOptions",
+    "call_with_sections",
 ]
