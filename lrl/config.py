@@ -76,7 +76,7 @@ class Config:
 
         cfg = cls.__new__(cls)
         cfg._fill(values)
-        problems = load(cfg.plugins)
+        problems = load(cfg.run.plugins)
         if problems:  # the trainer's process imported them; a worker that cannot is told why
             raise ConfigError("; ".join(problems))
         return cfg

@@ -4,7 +4,9 @@ backends, staleness policies, extra callbacks, rejection masks).
 An entry is registered next to its own code with the config keys it reads (``uses``) and, optionally, a
 ``check(cfg) -> list[str]`` of problems specific to it (from the values alone), a ``check_machine(cfg) -> list[str]``
 of what it needs of the machine (memory, a sandbox, a package, a folder: run once, by the preflight of the process
-that starts the run) and a ``check_model(cfg, spec, model) -> list[str]`` of models it cannot run. The config's validation, ``--help`` and the YAML loader list what is registered, so a user's
+that starts the run) and a ``check_model(cfg, spec, model) -> list[str]`` of models it cannot run; a check whose
+parameters are named for sections of the config is given those sections instead (``check(weighting)``, see
+:func:`lrl.sections.call_with_sections`). The config's validation, ``--help`` and the YAML loader list what is registered, so a user's
 own entry, imported as a plugin, is chosen exactly like a built-in one. This module imports nothing of lrl: the
 built-in entries register when their packages are imported, and :mod:`lrl.plugins` imports those and the plugins.
 """
