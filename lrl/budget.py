@@ -222,13 +222,13 @@ def plan_memory(
             f"{budget / 2**30:.1f} GiB (--memory-budget, or 0.8 of the memory available)"
         )
     train_tokens, score_tokens = min(room // train_token, MICRO_TOKENS), room // score_token
-    batch = train_episodes * episode_tokens
+    batch_tokens = train_episodes * episode_tokens
     minibatch = -(-train_episodes // update.minibatches) * episode_tokens
     cache = 8 * layers * kv_width  # a sampled token's keys and values in fp32
     decoded = min(rollout.slots, train_episodes) if rollout.slots else train_episodes  # episodes decoded together
     step = max(
         head + min(train_tokens, minibatch) * train_token,
-        head + min(score_tokens, batch) * score_token,
+        head + min(score_tokens, batch_tokens) * score_token,
         decoded * episode_tokens * cache,
     )
     if static + step > budget:  # microbatches bound training and scoring; nothing bounds the sampled batch
