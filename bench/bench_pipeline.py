@@ -84,7 +84,7 @@ def group_durations(n: int, seed: int = 0) -> list[float]:
     cfg = resolve(parse_args(["--seed", str(seed)]))  # a named model -> its folder, as a run's preflight does
     tok = run_tokenizer(cfg.policy)
     spec = make_env(cfg, tok)
-    policy = (load_model(cfg, spec.tok) or spec.warm_start()).eval()  # the run's base, as train.py starts
+    policy = (load_model(cfg.policy, spec.tok) or spec.warm_start()).eval()  # the run's base, as train.py starts
     sampler = make_sampler(cfg, spec.tok)
     sampler.setup(policy, 0)
     gen = torch.Generator().manual_seed(seed)

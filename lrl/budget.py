@@ -13,8 +13,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lrl.sections import BatchOptions, PolicyOptions, RolloutOptions, RunOptions, UpdateOptions
 
 SHARE = 0.8  # of the available memory that one run may plan to use
 # Resident memory of one rollout worker process before its model: VmRSS (/proc/<pid>/status) of a python spawned
@@ -36,14 +40,14 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def model_shape(cfg, vocab: int, default_context: int) -> tuple[int, int, int, int]:
+def model_shape(policy: PolicyOptions, vocab: int, default_context: int) -> tuple[int, int, int, int]:
     """(vocabulary, hidden size, layers, context) of the run's model, from its config.json when it has one."""
     from lrl.policy import DEFAULT_SIZE
 
     shape = {"vocab_size": vocab, **DEFAULT_SIZE, "max_position_embeddings": default_context}
-    if cfg.model is not None:
+    if policy.model is not None:
         try:
-            shape.update(json.loads((Path(cfg.model) / "config.json").read_text()))
+            shape.update(json.loads((Path(policy.model) / "config.json").read_text()))
         except (OSError, ValueError):
             pass  # load_policy reports an unreadable model
     get = lambda *keys: next((int(shape[k]) for k in keys if isinstance(shape.get(k), int)), 0)  # noqa: E731
@@ -55,48 +59,48 @@ def model_shape(cfg, vocab: int, default_context: int) -> tuple[int, int, int, i
     )
 
 
-def weight_bytes(cfg) -> int:
+def weight_bytes(policy: PolicyOptions) -> int:
     """Rough fp32 bytes of the model's weights (embeddings and ~12 hidden^2 per layer); 0 without a --model."""
-    if cfg.model is None:
+    if policy.model is None:
         return 0  # the built-in policies are well under a megabyte
-    vocab, hidden, layers, _ = model_shape(cfg, 0, 0)
+    vocab, hidden, layers, _ = model_shape(policy, 0, 0)
     return 4 * (vocab * hidden + 12 * layers * hidden * hidden)
 
 
-def check_workers(cfg) -> list[str]:
+def check_workers(rollout: RolloutOptions, policy: PolicyOptions, devices: int) -> list[str]:
     """Problems of an async run whose rollout workers (each its own process and copy of the weights) would
     not fit in this machine's memory, counted over the processes a node runs (devices)."""
-    each = WORKER_BYTES + weight_bytes(cfg)
-    workers = cfg.rollout_workers * cfg.devices
+    each = WORKER_BYTES + weight_bytes(policy)
+    workers = rollout.rollout_workers * devices
     have = available_bytes()
     if workers * each <= SHARE * have:
         return []
-    most = max(int(SHARE * have // each // cfg.devices), 0)
-    per_process = f" on each of {cfg.devices} processes" if cfg.devices > 1 else ""
+    most = max(int(SHARE * have // each // devices), 0)
+    per_process = f" on each of {devices} processes" if devices > 1 else ""
     return [
-        f"rollout_workers: {cfg.rollout_workers} workers{per_process} need about {workers * each / 2**30:.1f} GiB "
+        f"rollout_workers: {rollout.rollout_workers} workers{per_process} need about {workers * each / 2**30:.1f} GiB "
         f"({each / 2**30:.2f} GiB a worker process); this machine has {have / 2**30:.1f} GiB available, "
         f"enough for at most {most}"
     ]
 
 
-def model_config(cfg) -> dict:
+def model_config(policy: PolicyOptions) -> dict:
     """The run's model's config.json as a dict ({} without a --model, or when it cannot be read)."""
-    if cfg.model is None:
+    if policy.model is None:
         return {}
     try:
-        config = json.loads((Path(cfg.model) / "config.json").read_text())
+        config = json.loads((Path(policy.model) / "config.json").read_text())
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
 
 
-def parameter_count(cfg) -> int:
+def parameter_count(policy: PolicyOptions) -> int:
     """Parameters of the run's model, read from its safetensors headers (no weight is loaded); a rough count
     from its config.json where there are none; 0 without a --model (the built-in policies are tiny)."""
-    if cfg.model is None:
+    if policy.model is None:
         return 0
-    folder = Path(cfg.model)
+    folder = Path(policy.model)
     total = 0
     for file in sorted(folder.glob("*.safetensors")):
         try:
@@ -114,7 +118,7 @@ def parameter_count(cfg) -> int:
         except (OSError, ValueError, KeyError, TypeError):
             total = 0
             break
-    return total or weight_bytes(cfg) // 4
+    return total or weight_bytes(policy) // 4
 
 
 # Bytes a training forward and backward keep per token and decoder layer, as multiples of the hidden size and of
@@ -171,30 +175,41 @@ class MemoryPlan:
         )
 
 
-def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int, sampler=None) -> MemoryPlan:
+def plan_memory(
+    vocab: int,
+    episode_tokens: int,
+    train_episodes: int,
+    sampler=None,
+    *,
+    policy: PolicyOptions,
+    update: UpdateOptions,
+    batch: BatchOptions,
+    rollout: RolloutOptions,
+    run: RunOptions,
+) -> MemoryPlan:
     """The memory plan of a run (see :class:`MemoryPlan`); ConfigError when not even one episode fits. `sampler`:
     the behavior sampler that keeps its copies in this process (a synchronous run's; None where workers hold
     them), asked for them through its ``traits`` (``lrl.samplers.Sampler``)."""
     from lrl.logprobs import CHUNK_TOKENS, FULL_LOGITS_LIMIT
 
-    config = model_config(cfg)
-    params = parameter_count(cfg)
+    config = model_config(policy)
+    params = parameter_count(policy)
     get = lambda key, default: int(config.get(key) or default)  # noqa: E731
     hidden = get("hidden_size", 0)
     layers = get("num_hidden_layers", 0)
     inter = get("intermediate_size", 4 * hidden)
     heads = get("num_attention_heads", 1)
     kv_width = get("num_key_value_heads", heads) * get("head_dim", hidden // max(heads, 1))
-    budget = int(cfg.memory_budget * 2**30) if cfg.memory_budget else int(SHARE * available_bytes())
+    budget = int(policy.memory_budget * 2**30) if policy.memory_budget else int(SHARE * available_bytes())
     chunked = params > 0 and train_episodes * episode_tokens * vocab > FULL_LOGITS_LIMIT
     if not chunked:
         return MemoryPlan(budget, 16 * params, 0, 0, 0, None, None, False)
     from lrl.precision import accelerator_device, resolve_precision
 
-    static = PROCESS_BYTES + static_bytes(cfg, params, sampler)
+    static = PROCESS_BYTES + static_bytes(update, params, sampler)
     attention = 4 * heads * episode_tokens  # per layer and token: one row of attention weights
     train_token = 4 * (TRAIN_HIDDEN * hidden + TRAIN_INTERMEDIATE * inter) * layers + attention * layers
-    if resolve_precision(cfg.precision, params, accelerator_device(cfg.accelerator)) in ("bf16", "fp16"):
+    if resolve_precision(policy.precision, params, accelerator_device(run.accelerator)) in ("bf16", "fp16"):
         train_token = int(train_token * BF16_ACTIVATIONS)
     score_token = 4 * (SCORE_HIDDEN * hidden + SCORE_INTERMEDIATE * inter) + attention
     head = HEAD_TENSORS * 4 * CHUNK_TOKENS * vocab
@@ -202,23 +217,23 @@ def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int, sampl
     if room < episode_tokens * train_token:
         need = static + head + episode_tokens * train_token
         raise ConfigError(
-            f"model: {cfg.model!r} needs about {need / 2**30:.1f} GiB to train on one episode of {episode_tokens} "
+            f"model: {policy.model!r} needs about {need / 2**30:.1f} GiB to train on one episode of {episode_tokens} "
             f"tokens ({static / 2**30:.1f} GiB of weights, gradients, optimizer state and copies); the budget is "
             f"{budget / 2**30:.1f} GiB (--memory-budget, or 0.8 of the memory available)"
         )
     train_tokens, score_tokens = min(room // train_token, MICRO_TOKENS), room // score_token
-    batch = train_episodes * episode_tokens
-    minibatch = -(-train_episodes // cfg.minibatches) * episode_tokens
+    batch_tokens = train_episodes * episode_tokens
+    minibatch = -(-train_episodes // update.minibatches) * episode_tokens
     cache = 8 * layers * kv_width  # a sampled token's keys and values in fp32
-    decoded = min(cfg.slots, train_episodes) if cfg.slots else train_episodes  # episodes decoded together
+    decoded = min(rollout.slots, train_episodes) if rollout.slots else train_episodes  # episodes decoded together
     step = max(
         head + min(train_tokens, minibatch) * train_token,
-        head + min(score_tokens, batch) * score_token,
+        head + min(score_tokens, batch_tokens) * score_token,
         decoded * episode_tokens * cache,
     )
     if static + step > budget:  # microbatches bound training and scoring; nothing bounds the sampled batch
         raise ConfigError(
-            f"episodes_per_task: {cfg.episodes_per_task} ({train_episodes:,} episodes a step of up to "
+            f"episodes_per_task: {batch.episodes_per_task} ({train_episodes:,} episodes a step of up to "
             f"{episode_tokens} tokens, {decoded:,} decoded together) needs about {(static + step) / 2**30:.1f} GiB "
             f"at a step's peak, the keys and values of the sampled batch {decoded * episode_tokens * cache / 2**30:.1f} "
             f"GiB of it; the budget is {budget / 2**30:.1f} GiB (--memory-budget, or 0.8 of the memory available): "
@@ -229,12 +244,12 @@ def plan_memory(cfg, vocab: int, episode_tokens: int, train_episodes: int, sampl
     )
 
 
-def static_bytes(cfg, params: int, sampler=None) -> int:
+def static_bytes(update: UpdateOptions, params: int, sampler=None) -> int:
     """What a step keeps whatever its batch: fp32 weights, gradients and Adam's two moments (16 bytes a
     parameter), the update guard's copy of weights and moments, and the copies the sampler in this process
     declares (its kept versions, its behavior model, an engine's cache)."""
     static = 16 * params
-    if cfg.max_step_kl is not None:
+    if update.max_step_kl is not None:
         static += 12 * params
     if sampler is not None:
         static += sampler.traits.kept_bytes(params)
@@ -250,17 +265,29 @@ def bytes_per_token(vocab: int, hidden: int, layers: int, training: bool) -> int
     return 4 * (2 * vocab + 4 * hidden * layers)
 
 
-def check_budget(cfg, spec, default_context: int, sampler=None) -> MemoryPlan:
+def check_budget(
+    spec,
+    default_context: int,
+    sampler=None,
+    *,
+    policy: PolicyOptions,
+    update: UpdateOptions,
+    batch: BatchOptions,
+    rollout: RolloutOptions,
+    run: RunOptions,
+    eval_episodes: int,
+) -> MemoryPlan:
     """Refuse a config whose step or evaluation would not fit in memory -> the step's memory plan.
 
     A model whose logits would be too large to hold for a whole batch (a real vocabulary) is planned in
     microbatches (:func:`plan_memory`, `sampler` as there): the step is refused only when one episode alone does
     not fit."""
-    vocab, hidden, layers, context = model_shape(cfg, len(spec.tok), default_context)
+    vocab, hidden, layers, context = model_shape(policy, len(spec.tok), default_context)
     tokens = spec.max_episode_tokens or context
-    train = cfg.tasks_per_step * cfg.episodes_per_task // cfg.world_size
-    evaluation = len(spec.heldout_tasks) * cfg.eval_episodes
-    plan = plan_memory(cfg, vocab, tokens, train, sampler)
+    train = batch.tasks_per_step * batch.episodes_per_task // run.world_size
+    evaluation = len(spec.heldout_tasks) * eval_episodes
+    sections = dict(policy=policy, update=update, batch=batch, rollout=rollout, run=run)
+    plan = plan_memory(vocab, tokens, train, sampler, **sections)
     if plan.chunked:
         return plan
     need = {
@@ -268,6 +295,7 @@ def check_budget(cfg, spec, default_context: int, sampler=None) -> MemoryPlan:
         "eval_episodes": evaluation * tokens * bytes_per_token(vocab, hidden, layers, False),
     }
     have = available_bytes()
+    value = {"episodes_per_task": batch.episodes_per_task, "eval_episodes": eval_episodes}
     what = {
         "episodes_per_task": f"{train:,} episodes a step",
         "eval_episodes": f"{evaluation:,} episodes an evaluation",
@@ -275,7 +303,7 @@ def check_budget(cfg, spec, default_context: int, sampler=None) -> MemoryPlan:
     for option, needed in need.items():
         if needed > SHARE * have:
             raise ConfigError(
-                f"{option}: {getattr(cfg, option)} needs about {needed / 2**30:.1f} GiB ({what[option]} of up to "
+                f"{option}: {value[option]} needs about {needed / 2**30:.1f} GiB ({what[option]} of up to "
                 f"{tokens} tokens, vocabulary {vocab}); this machine has {have / 2**30:.1f} GiB available"
             )
     return plan

@@ -30,6 +30,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lrl.config import OPTIONS, Config, ConfigError
 from lrl.errors import OutputError
+from lrl.sections import RunOptions
 from lrl.stopping import (  # noqa: F401 (StoppedBeforeTraining: re-exported)
     STOP_SIGNALS,
     StoppedBeforeTraining,
@@ -282,10 +283,11 @@ class GracefulStop(L.Callback):
         self._previous = {}
 
 
-def robustness_callbacks(cfg: Config, checkpoints: Path | None, run: str | None = None) -> list:
-    """The checkpoint writer (every cfg.checkpoint_every steps, into `checkpoints`) and the history file."""
+def robustness_callbacks(run: RunOptions, checkpoints: Path | None, run_dir: str | None = None) -> list:
+    """The checkpoint writer (every checkpoint_every steps, into `checkpoints`) and the history file (which
+    records `run_dir`, the run's folder)."""
     out: list = []
-    if cfg.checkpoint_every > 0:
+    if run.checkpoint_every > 0:
         from lightning.pytorch.callbacks import ModelCheckpoint
 
         # Lightning warns that with manual optimization the checkpoint holds the weights after the optimizer
@@ -294,15 +296,15 @@ def robustness_callbacks(cfg: Config, checkpoints: Path | None, run: str | None 
         out.append(
             ModelCheckpoint(
                 dirpath=checkpoints,
-                every_n_train_steps=cfg.checkpoint_every,
+                every_n_train_steps=run.checkpoint_every,
                 save_top_k=0,
                 save_last=True,
                 enable_version_counter=False,
             )
         )
-    if cfg.history_file:
-        out.append(HistoryFile(cfg.history_file, run))
-    out.append(GracefulStop(checkpoints if cfg.checkpoint_every > 0 else None))
+    if run.history_file:
+        out.append(HistoryFile(run.history_file, run_dir))
+    out.append(GracefulStop(checkpoints if run.checkpoint_every > 0 else None))
     return out
 
 

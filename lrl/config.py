@@ -26,6 +26,7 @@ from typing import Any
 
 from lrl.errors import ConfigError
 from lrl.options import MAX_INT, check_field, expand_path, option
+from lrl.registry import supply
 from lrl.sections import (
     OPTIONS,
     SECTIONS,
@@ -75,7 +76,7 @@ class Config:
 
         cfg = cls.__new__(cls)
         cfg._fill(values)
-        problems = load(cfg.plugins)
+        problems = load(cfg.run.plugins)
         if problems:  # the trainer's process imported them; a worker that cannot is told why
             raise ConfigError("; ".join(problems))
         return cfg
@@ -105,9 +106,9 @@ class Config:
         for opt in OPTIONS.values():
             problems += check_field(opt.name, getattr(self, opt.name), opt.annotation, opt.meta)
         if not problems:  # cross-key rules assume every option has its type
-            from lrl.config_rules import RULES  # the cross-key rules, each a function of a whole config
+            from lrl.config_rules import RULES  # the cross-key rules, each of the sections it reads
 
-            problems += [p for rule in RULES for p in rule(self)]
+            problems += [p for rule in RULES for p in supply(rule, self)]
         if problems:
             raise ConfigError("; ".join(problems))
         return self
@@ -141,11 +142,11 @@ def _copied(value):
 def _flat(opt: Option) -> property:
     """``cfg.<name>``: the option read and set in its section."""
 
-    def get(cfg):
-        return getattr(getattr(cfg, opt.section), opt.name)
+    def get(self):
+        return getattr(getattr(self, opt.section), opt.name)
 
-    def put(cfg, value):
-        setattr(getattr(cfg, opt.section), opt.name, value)
+    def put(self, value):
+        setattr(getattr(self, opt.section), opt.name, value)
 
     return property(get, put, doc=opt.meta["help"])
 

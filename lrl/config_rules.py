@@ -1,7 +1,9 @@
-"""The config's cross-key rules: each a function of a whole, well-typed config -> the problems it finds, in words
-that name the keys, from the values alone (no file, no process, nothing of the machine: that is the preflight's,
-:mod:`lrl.preflight`). The config runs them all (:meth:`lrl.config.Config.validate`) once every field has its type;
-an entry's own rules (a sampler's, an environment's, a backend's) live next to its code, in its registry entry.
+"""The config's cross-key rules: each a function of the sections it reads (its parameters are named for them,
+:func:`lrl.registry.supply`) -> the problems it finds, in words that name the keys, from the values
+alone (no file, no process, nothing of the machine: that is the preflight's, :mod:`lrl.preflight`). The two rules
+that hold for every option alike (its mode, its registry) read the whole config. The config runs them all
+(:meth:`lrl.config.Config.validate`) once every field has its type; an entry's own rules (a sampler's, an
+environment's, a backend's) live next to its code, in its registry entry.
 """
 
 from __future__ import annotations
@@ -10,7 +12,16 @@ import os
 import unicodedata
 
 from lrl.registry import REGISTRIES, supply
-from lrl.sections import OPTIONS
+from lrl.sections import (
+    OPTIONS,
+    BatchOptions,
+    EnvironmentOptions,
+    RolloutOptions,
+    RunOptions,
+    SamplingOptions,
+    UpdateOptions,
+    WeightingOptions,
+)
 
 
 def _registry_rules(cfg) -> list[str]:
@@ -56,25 +67,25 @@ def _yaml(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _pipeline_rules(cfg) -> list[str]:
+def _pipeline_rules(rollout: RolloutOptions, batch: BatchOptions, run: RunOptions) -> list[str]:
     """The asynchronous pipeline's workers: no more than the groups of work they share (what each backend
     needs of the machine, memory included, is the preflight's: lrl.pipeline.backends); one patience for ordered, in seconds or in steps."""
-    if cfg.pipeline != "async":
+    if rollout.pipeline != "async":
         return []
-    if cfg.take_patience is not None and cfg.take_patience_steps is not None:
+    if rollout.take_patience is not None and rollout.take_patience_steps is not None:
         return ["take_patience and take_patience_steps: give one (seconds, or trainer steps), not both"]
-    groups = cfg.tasks_per_step // cfg.world_size
-    if cfg.rollout_workers > groups:
+    groups = batch.tasks_per_step // run.world_size
+    if rollout.rollout_workers > groups:
         return [
-            f"rollout_workers: {cfg.rollout_workers} is more than the {groups} groups of work a step has per "
+            f"rollout_workers: {rollout.rollout_workers} is more than the {groups} groups of work a step has per "
             f"process (tasks_per_step / (devices x num_nodes)), so some would never work; use at most {groups}"
         ]
     return []
 
 
-def _run_name_rules(cfg) -> list[str]:
+def _run_name_rules(run: RunOptions) -> list[str]:
     """The run's folder is <log_dir>/<run_name>: a single folder name, never a path that leaves log_dir."""
-    name = cfg.run_name
+    name = run.run_name
     separators = {"/", "\0", os.sep, os.altsep} - {None}
     if name in (".", "..") or any(s in name for s in separators):
         return [
@@ -89,64 +100,75 @@ def _run_name_rules(cfg) -> list[str]:
     return []
 
 
-def _shared_rules(cfg) -> list[str]:
-    """lag only with a synchronous pipeline; max_step_kl only with step_kl; an MIS band with low <= high; no more
-    minibatches than a step's episodes; tasks_per_step a multiple of devices x num_nodes. (That model, tokenizer
-    and resume exist is the preflight's to check, once a named model is resolved: lrl.preflight.resolve.)"""
+def _lag_rules(rollout: RolloutOptions, sampling: SamplingOptions) -> list[str]:
+    """lag only with a synchronous pipeline."""
+    if rollout.pipeline == "async" and sampling.lag:
+        return [
+            f"lag: {sampling.lag} does not apply to --pipeline async: staleness comes from timing, bounded by "
+            "max_staleness"
+        ]
+    return []
+
+
+def _update_rules(update: UpdateOptions, weighting: WeightingOptions, batch: BatchOptions) -> list[str]:
+    """max_step_kl only with step_kl; an MIS band with low <= high; no more minibatches than a step's episodes.
+    (That model, tokenizer and resume exist is the preflight's to check, once a named model is resolved:
+    lrl.preflight.resolve.)"""
     problems = []
-    if cfg.pipeline == "async" and cfg.lag:
-        problems.append(
-            f"lag: {cfg.lag} does not apply to --pipeline async: staleness comes from timing, bounded by max_staleness"
-        )
-    if cfg.max_step_kl is not None and not cfg.step_kl:
+    if update.max_step_kl is not None and not update.step_kl:
         problems.append("max_step_kl: the update guard needs step_kl: true (it measures the step's KL)")
-    if cfg.low > cfg.high:
-        problems.append(f"low/high: the MIS band [{cfg.low}, {cfg.high}] is empty; need low <= high")
-    if cfg.minibatches > cfg.tasks_per_step * cfg.episodes_per_task:
-        episodes = cfg.tasks_per_step * cfg.episodes_per_task
-        problems.append(f"minibatches: {cfg.minibatches} is more than the {episodes} episodes of a step")
-    if cfg.tasks_per_step % cfg.world_size:
-        world = cfg.world_size
-        problems.append(
-            f"tasks_per_step: {cfg.tasks_per_step} does not split over {world} processes "
-            f"(devices x num_nodes); make it a multiple of {world}"
-        )
+    if weighting.low > weighting.high:
+        problems.append(f"low/high: the MIS band [{weighting.low}, {weighting.high}] is empty; need low <= high")
+    episodes = batch.tasks_per_step * batch.episodes_per_task
+    if update.minibatches > episodes:
+        problems.append(f"minibatches: {update.minibatches} is more than the {episodes} episodes of a step")
     return problems
 
 
-def _loss_rules(cfg) -> list[str]:
+def _batch_rules(batch: BatchOptions, run: RunOptions) -> list[str]:
+    """tasks_per_step a multiple of devices x num_nodes."""
+    world = run.world_size
+    if batch.tasks_per_step % world:
+        return [
+            f"tasks_per_step: {batch.tasks_per_step} does not split over {world} processes "
+            f"(devices x num_nodes); make it a multiple of {world}"
+        ]
+    return []
+
+
+def _loss_rules(update: UpdateOptions, weighting: WeightingOptions) -> list[str]:
     """The loss, the proximal policy and the correction fit together: pg has no ratio to a proximal policy; under
     proximal rollout the clipped and CISPO losses' own ratio pi / mu is the correction (a weight on top would count
     it twice); a correction that reads the whole batch needs every row's pi_old before the first minibatch's loss."""
     from lrl.weights import whole_batch
 
     problems = []
-    if cfg.loss == "pg" and cfg.proximal == "interpolate":
+    if update.loss == "pg" and update.proximal == "interpolate":
         problems.append(
             "proximal: interpolate approximates pi_prox for a loss's ratio, and loss pg has none; "
             "use proximal recompute or rollout"
         )
-    if cfg.proximal == "rollout" and cfg.loss != "pg" and cfg.correction != "none":
+    if update.proximal == "rollout" and update.loss != "pg" and weighting.correction != "none":
         problems.append(
-            f"correction: with proximal rollout the {cfg.loss} loss's own ratio pi / mu carries the correction, and "
-            f"{cfg.correction!r} weights on top would count it twice; use loss pg (whose weights are the "
+            f"correction: with proximal rollout the {update.loss} loss's own ratio pi / mu carries the correction, and "
+            f"{weighting.correction!r} weights on top would count it twice; use loss pg (whose weights are the "
             "correction), proximal recompute, or a mask"
         )
-    batch = whole_batch(cfg.weighting)
-    if batch and cfg.proximal != "recompute":
+    batch = whole_batch(weighting)
+    if batch and update.proximal != "recompute":
         problems.append(
             f"{', '.join(batch)}: reads the whole batch's pi_old before the first minibatch's loss, and proximal "
-            f"{cfg.proximal} scores none; use proximal recompute"
+            f"{update.proximal} scores none; use proximal recompute"
         )
     return problems
 
 
-def _rollout_rules(cfg) -> list[str]:
+def _rollout_rules(environment: EnvironmentOptions) -> list[str]:
     """The rollout engine's own options: a latency that parses, and a timeout that can be met."""
     from lrl.envs.latency import parse_latency
 
     try:
-        parse_latency(cfg.tool_latency)
+        parse_latency(environment.tool_latency)
     except ValueError as err:
         return [f"tool_latency: {err}"]
     return []
@@ -154,7 +176,9 @@ def _rollout_rules(cfg) -> list[str]:
 
 RULES = [
     _run_name_rules,
-    _shared_rules,
+    _lag_rules,
+    _update_rules,
+    _batch_rules,
     _mode_rules,
     _pipeline_rules,
     _registry_rules,

@@ -81,10 +81,10 @@ class _EvalTick(torch.utils.data.Dataset):
 class RolloutDataModule(L.LightningDataModule):
     """Train batches come from the rollout source; validation is a held-out evaluation run by the module."""
 
-    def __init__(self, source: RolloutSource, cfg):
+    def __init__(self, source: RolloutSource, max_steps: int):
         super().__init__()
         self.source = source
-        self.cfg = cfg
+        self.max_steps = max_steps
         self.rank = 0
         self.world_size = 1
 
@@ -104,7 +104,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.source.close()
 
     def train_dataloader(self):
-        return _StepLoader(self.source, self.cfg.max_steps)
+        return _StepLoader(self.source, self.max_steps)
 
     def val_dataloader(self):
         return DataLoader(_EvalTick(), batch_size=None)

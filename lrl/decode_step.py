@@ -61,24 +61,24 @@ def _register() -> None:
 def decode_attention(model):
     """Within this context, a model that attends with ``sdpa`` attends by :func:`one_query_attention` (which
     hands every call of more than one query back to ``sdpa``); any other implementation is left as it is."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+    model_config = getattr(model, "config", None)
+    if model_config is None or getattr(model_config, "_attn_implementation", None) != "sdpa":
         yield
         return
     _register()
-    config._attn_implementation = NAME
+    model_config._attn_implementation = NAME
     try:
         yield
     finally:
-        config._attn_implementation = "sdpa"
+        model_config._attn_implementation = "sdpa"
 
 
-def growing_cache(config, data=None):
+def growing_cache(model_config, data=None):
     """A transformers DynamicCache whose full-attention layers grow in place (:class:`GrowingLayer`), optionally
     filled with per-layer (keys, values) of [B, KV, L, D]."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=config)
+    cache = DynamicCache(config=model_config)
     cache.layers = [GrowingLayer() if type(layer) is _dynamic_layer() else layer for layer in cache.layers]
     for layer, (keys, values) in zip(cache.layers, data or []):
         layer.update(keys, values)

@@ -16,10 +16,15 @@ apart is past any threshold either way.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from lrl.registry import MASKS
 from lrl.sections.training import ESTIMATORS, KL_LEVELS
+
+if TYPE_CHECKING:
+    from lrl.sections import WeightingOptions
 
 SAFE_LOG_RATIO = 80.0  # exp(80) ~ 5.5e34: k3 of a token stays finite in float64, summed over any episode
 register_mask = MASKS.register  # fn(logp_trainer, logp_sampler, mask, advantage, options) -> keep [B, T]
@@ -103,8 +108,8 @@ def m2_keep(logp_trainer, logp_sampler, mask, threshold: float) -> torch.Tensor:
     return keep
 
 
-def _check_kl(cfg) -> list[str]:
-    if cfg.kl_estimator == "k1" and cfg.kl_level == "seq_max":
+def _check_kl(weighting: WeightingOptions) -> list[str]:
+    if weighting.kl_estimator == "k1" and weighting.kl_level == "seq_max":
         return [
             "kl_level: seq_max bounds the largest of each episode's estimates, and k1 is signed; use k2 or k3"
         ]

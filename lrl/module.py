@@ -68,11 +68,11 @@ class OffPolicyModule(L.LightningModule):
         # step costs (a model planned in microbatches); the built-in policies keep every row, so their published
         # seeded runs repeat bit for bit (a different batch shape rounds differently)
         self.skip_rows = memory is not None and memory.chunked
-        self.precision = resolve_precision(cfg.precision, policy, accelerator_device(cfg.accelerator))
+        self.precision = resolve_precision(cfg.policy.precision, policy, accelerator_device(cfg.run.accelerator))
         self.loss_scale = LossScale(self.precision == "fp16")  # fp16's small gradients would flush to zero
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
-        self.shuffle = torch.Generator().manual_seed(stream_seed(cfg.seed, SHUFFLE))
+        self.shuffle = torch.Generator().manual_seed(stream_seed(cfg.run.seed, SHUFFLE))
         self.history: list[dict[str, float]] = []
         self.skipped = 0  # batches without any advantage signal, skipped without an update
         self.last_step: StepRecord | None = None
@@ -143,7 +143,7 @@ class OffPolicyModule(L.LightningModule):
         clock.lap("old_logp")
         guard = UpdateGuard(self.policy, self.optimizers().optimizer) if opts.max_step_kl else None
         # frozen: Adam with lr 0 moves nothing
-        lr = 0.0 if opts.freeze_policy else learning_rate(opts, version, self.cfg.max_steps)
+        lr = 0.0 if opts.freeze_policy else learning_rate(opts, version, self.cfg.run.max_steps)
         updates = self.update(plan, ranks, lr, scored)
         old_logp, weights = scored.old_logp, scored.weights
         clock.lap("update")
@@ -274,7 +274,7 @@ class OffPolicyModule(L.LightningModule):
                 )
             bad = {"logp (log pi)": nonfinite(logp[mask.bool()])}
             if mb.old_logp is None:  # pi_prox and the weights from this forward (pi_old's, with recompute)
-                old_logp, side, fixed = forward_correction(self.cfg, mb, rows, logp, self.version)
+                old_logp, side, fixed = forward_correction(opts, self.cfg.weighting, mb, rows, logp, self.version)
                 weights, token_adv = fixed.weights, mb.advantage[rows, None] * fixed.weights
                 scored.fill(mb.rows[rows], side, weights, fixed.dropped, exact=mb.index == 0)
                 bad = {
@@ -417,7 +417,7 @@ class OffPolicyModule(L.LightningModule):
         self.loss_scale.scale = state.get("loss_scale", self.loss_scale.scale)  # older checkpoints have none
         self.source.load_weights_state(state["weights"])  # applied in on_fit_start, by the source's setup
         progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
-        if progress.get("is_last_batch") and checkpoint.get("global_step", 0) < self.cfg.max_steps:
+        if progress.get("is_last_batch") and checkpoint.get("global_step", 0) < self.cfg.run.max_steps:
             progress["is_last_batch"] = False  # a finished run resumed with a larger --max-steps continues
         rng = state["rng"][self.global_rank if self._trainer is not None else 0]
         torch.set_rng_state(rng["torch"])
@@ -431,7 +431,7 @@ class OffPolicyModule(L.LightningModule):
     def heldout_evaluation(self) -> dict:
         """Evaluate the current policy on the held-out tasks; keep and log it at the policy version it measures."""
         cfg = self.cfg
-        seed = stream_seed(cfg.seed, EVALUATION)
+        seed = stream_seed(cfg.run.seed, EVALUATION)
         with autocast(self.precision, self.device):  # the arithmetic the policy is trained and sampled in
             stats = heldout(self.policy, self.spec, cfg.evaluation, seed, cfg.sampling.temperature)
         self.last_eval = {"step": self.version, **stats}

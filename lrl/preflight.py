@@ -30,6 +30,7 @@ from pathlib import Path
 from lrl.config import Config, ConfigError
 from lrl.envs import tokenizer_option
 from lrl.registry import REGISTRIES, supply
+from lrl.sections import EnvironmentOptions, PolicyOptions, RunOptions
 
 # the checks in the order a run makes them (docs/options.md lists them from here)
 __all__ = ["resolve", "check_paths", "check_environment", "check_model", "check_checkpoint"]
@@ -45,17 +46,18 @@ def resolve(cfg: Config) -> Config:
 
     problems = []
     for name in ("model", "tokenizer"):
-        value = getattr(cfg, name)
+        value = getattr(cfg.policy, name)
         if is_named(value):
             try:
-                setattr(cfg, name, str(resolve_model(value)))
+                setattr(cfg.policy, name, str(resolve_model(value)))
             except ModelUnavailable as err:
                 problems.append(f"{name}: {err}")
         elif value is not None and not exists(value):
             problems.append(f"{name}: {value!r} does not exist; give a local save_pretrained directory")
-    if cfg.resume is not None and cfg.resume != "last" and not exists(cfg.resume):
+    resume = cfg.run.resume
+    if resume is not None and resume != "last" and not exists(resume):
         problems.append(
-            f"resume: {cfg.resume!r} does not exist; give a run folder, a checkpoint file or 'last'"
+            f"resume: {resume!r} does not exist; give a run folder, a checkpoint file or 'last'"
         )
     if not problems:  # an entry's needs are judged on the model the run will have
         for scope, registry in REGISTRIES.items():
@@ -67,15 +69,15 @@ def resolve(cfg: Config) -> Config:
     return cfg
 
 
-def check_paths(cfg: Config) -> None:
+def check_paths(run: RunOptions, policy: PolicyOptions) -> None:
     """log_dir, checkpoint_dir, history_file, resume, model, tokenizer: not under /proc, /sys or /dev; a folder where
     a folder is wanted and a regular file (or nothing) where a file is wanted; a model folder that holds a readable
     config.json; a history file that is lrl's; a checkpoint folder that no live run holds and whose last.ckpt is
     replaced only with --overwrite."""
     from lrl.runs import check_paths as check_run_paths
 
-    check_run_paths(cfg)
-    problems = check_model_folder(cfg.model)
+    check_run_paths(run, policy)
+    problems = check_model_folder(policy.model)
     if problems:
         raise ConfigError("; ".join(problems))
 
@@ -113,12 +115,14 @@ def check_environment(cfg: Config, spec, sampler=None):
     from lrl.budget import check_budget, model_shape
     from lrl.policy import DEFAULT_SIZE
 
-    check_tokenizer(cfg, spec)
-    context = model_shape(cfg, len(spec.tok), 0)[3]  # the model's config.json, before any weight is loaded
+    check_tokenizer(spec, tokenizer_option(cfg.policy, cfg.environment.env))
+    context = model_shape(cfg.policy, len(spec.tok), 0)[3]  # the model's config.json, before any weight is loaded
     check_context(
-        cfg, spec, context or None
+        cfg.policy, cfg.environment, spec, context or None
     )  # a context too short for an episode is that, not a memory figure
-    return check_budget(cfg, spec, DEFAULT_SIZE["max_position_embeddings"], sampler)
+    sections = dict(policy=cfg.policy, update=cfg.update, batch=cfg.batch, rollout=cfg.rollout, run=cfg.run)
+    default_context = DEFAULT_SIZE["max_position_embeddings"]
+    return check_budget(spec, default_context, sampler, eval_episodes=cfg.evaluation.eval_episodes, **sections)
 
 
 def check_model(cfg: Config, spec, model) -> None:
@@ -129,10 +133,10 @@ def check_model(cfg: Config, spec, model) -> None:
     from lrl.policy import check_vocabulary
     from lrl.precision import accelerator_device, fp16_problem
 
-    check_context(cfg, spec, context_length(model))
+    check_context(cfg.policy, cfg.environment, spec, context_length(model))
     problems = []
-    if cfg.precision == "fp16":
-        problems += [p for p in [fp16_problem(accelerator_device(cfg.accelerator))] if p]
+    if cfg.policy.precision == "fp16":
+        problems += [p for p in [fp16_problem(accelerator_device(cfg.run.accelerator))] if p]
     for scope, registry in REGISTRIES.items():
         for entry in registry.chosen(getattr(cfg, scope)):
             if entry.check_model is not None:
@@ -162,8 +166,9 @@ def _round_trip(tok, action: str) -> str | None:
     return None if back.split() == action.split() else f"comes back as {back!r}"
 
 
-def check_tokenizer(cfg: Config, spec) -> None:
-    """Every example action of the environment (``spec.actions``) survives encode then decode word for word.
+def check_tokenizer(spec, source: str) -> None:
+    """Every example action of the environment (``spec.actions``) survives encode then decode word for word;
+    `source` names the option the run's tokenizer came from (:func:`lrl.envs.tokenizer_option`).
 
     Environments read an action as the words of ``decode(ids)``, so a tokenizer that maps a word of an action
     to an unknown token (or drops it) can never produce a well-formed action. (A chat model's template is
@@ -172,22 +177,22 @@ def check_tokenizer(cfg: Config, spec) -> None:
     for action in spec.actions:
         wrong = _round_trip(spec.tok, action)
         if wrong is not None:
-            source = tokenizer_option(cfg.policy, cfg.environment.env)
             raise ConfigError(
                 f"{source} cannot spell the {spec.name} action {action!r}: encoded and "
                 f"decoded, it {wrong}; use a tokenizer whose vocabulary holds the action's words"
             )
 
 
-def check_context(cfg: Config, spec, context: int | None) -> None:
+def check_context(policy: PolicyOptions, environment: EnvironmentOptions, spec, context: int | None) -> None:
     """The model's context (max_position_embeddings or n_positions) holds the environment's longest episode."""
     need = spec.max_episode_tokens
     if context is None or need is None or context >= need:
         return
-    name = repr(cfg.model) if cfg.model is not None else f"the {spec.name} policy"
-    system = f", a system_prompt of {len(cfg.system_prompt):,} characters" if cfg.system_prompt else ""
+    name = repr(policy.model) if policy.model is not None else f"the {spec.name} policy"
+    prompt = environment.system_prompt
+    system = f", a system_prompt of {len(prompt):,} characters" if prompt else ""
     raise ConfigError(
         f"model: {name} has a context of {context:,} positions, but the longest {spec.name} episode "
-        f"(max_turns {cfg.max_turns}{system}) needs {need:,} positions; use a model with a longer context "
+        f"(max_turns {environment.max_turns}{system}) needs {need:,} positions; use a model with a longer context "
         f"(max_position_embeddings) or fewer turns{' or a shorter system_prompt' if system else ''}"
     )

@@ -16,9 +16,14 @@ gets ``log pi_prox = log mu + alpha (log pi - log mu)`` with ``alpha = d / (d + 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from lrl.weights import Correction, correct
+
+if TYPE_CHECKING:
+    from lrl.sections import UpdateOptions, WeightingOptions
 
 PROXIMALS = ("recompute", "rollout", "interpolate")
 
@@ -63,13 +68,15 @@ def correction_side(kind: str, proximal, logp_current):
     return logp_current.detach() if kind == "rollout" else proximal
 
 
-def forward_correction(cfg, mb, rows, logp, version: int) -> tuple[torch.Tensor, torch.Tensor, Correction]:
+def forward_correction(
+    update: UpdateOptions, weighting: WeightingOptions, mb, rows, logp, version: int
+) -> tuple[torch.Tensor, torch.Tensor, Correction]:
     """pi_prox, the trainer's side the correction compared with mu, and the correction of a microbatch's rows, from
     the update's forward `logp` (``mb`` an lrl.update.Minibatch, ``rows`` its microbatch, ``version`` pi_old's;
     with recompute this forward runs on pi_old's weights, so its log-probs detached are pi_old)."""
-    kind = cfg.update.proximal
+    kind = update.proximal
     mu = mb.sample_logp[rows]
     progress = mb.index / mb.count  # the share of the step's updates the weights took before this minibatch
     prox = proximal_logp(kind, logp.detach(), logp, mu, mb.version[rows], version, progress)
     side = correction_side(kind, prox, logp)  # rollout: this forward's own log-probs against mu
-    return prox, side, correct(side, mu, mb.action_mask[rows], mb.advantage[rows], cfg.weighting)
+    return prox, side, correct(side, mu, mb.action_mask[rows], mb.advantage[rows], weighting)

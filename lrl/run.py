@@ -19,6 +19,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lrl.checkpoint import GracefulStop, StoppedBeforeTraining
 from lrl.config import Config, ConfigError
 from lrl.envs import run_tokenizer  # noqa: F401  (the run's tokenizer; imported from here by tools)
+from lrl.sections import EnvironmentOptions, PolicyOptions, RunOptions, SamplingOptions
 
 if TYPE_CHECKING:
     from lrl.data import RolloutDataModule
@@ -58,38 +59,16 @@ class Run:
         return stop.stopped if stop is not None else None
 
 
-def load_model(cfg: Config, tok):
+def load_model(policy: PolicyOptions, tok):
     """The --model policy (None without one), with clear errors for a directory that does not hold one."""
     from lrl.policy import ModelLoadError, load_policy
 
-    if not cfg.model:
+    if not policy.model:
         return None
     try:
-        return load_policy(cfg.model, tok)[0]
+        return load_policy(policy.model, tok)[0]
     except ModelLoadError as err:
         raise ConfigError(str(err)) from None
-
-
-def local_sampler(cfg: Config, spec):
-    """The behavior sampler of a synchronous run, which samples in this process; None for an asynchronous one,
-    whose workers build their own."""
-    if cfg.pipeline == "async":
-        return None
-    from lrl import samplers
-
-    return samplers.make_sampler(cfg, spec.tok)
-
-
-def make_source(cfg: Config, spec, policy, sampler=None):
-    """The run's rollout source: the synchronous one around `sampler` (the configured one when None), or the
-    asynchronous pipeline (whose workers build their own sampler)."""
-    if cfg.pipeline == "async":
-        from lrl.pipeline.source import AsyncSource
-
-        return AsyncSource(cfg, spec, policy)
-    from lrl.sources.sync import SyncSource
-
-    return SyncSource(sampler if sampler is not None else local_sampler(cfg, spec), spec, cfg)
 
 
 def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=None, **trainer_kw) -> Run:
@@ -101,36 +80,47 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     ``policy`` overrides the model that ``cfg.model`` (or the environment's warm start) would give, e.g. a
     small fresh one in tests; ``logger`` is True (TensorBoard), False, or a Lightning logger.
     """
-    from lrl import preflight
-    from lrl.checkpoint import robustness_callbacks
+    from lrl import preflight, samplers
+    from lrl.checkpoint import check_resume, robustness_callbacks
     from lrl.data import RolloutDataModule
     from lrl.envs import make_env
     from lrl.module import OffPolicyModule
     from lrl.policy import make_policy
     from lrl.runs import clean_run_temporaries, clean_stale_temporaries, open_run
 
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
+    run = cfg.run
+    torch.set_num_threads(run.threads)
+    torch.manual_seed(run.seed)
     preflight.resolve(cfg)  # named models -> folders; what must exist; each entry's needs of the machine
-    preflight.check_paths(cfg)
+    preflight.check_paths(run, cfg.policy)
     spec = make_env(cfg, run_tokenizer(cfg.policy))
-    sampler = local_sampler(cfg, spec)  # built, not set up: the memory plan asks it for its copies
+    asynchronous = cfg.rollout.pipeline == "async"  # its workers build their own samplers
+    # a synchronous run's sampler: built, not set up; the memory plan asks it for its copies
+    sampler = None if asynchronous else samplers.make_sampler(cfg, spec.tok)
     memory = preflight.check_environment(cfg, spec, sampler)
-    loaded = policy if policy is not None else load_model(cfg, spec.tok)
+    loaded = policy if policy is not None else load_model(cfg.policy, spec.tok)
     if loaded is None:
-        loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=cfg.seed)
+        loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=run.seed)
     preflight.check_model(cfg, spec, loaded)
     wants_folder = (
-        logger is True or cfg.resume is not None or (cfg.checkpoint_every > 0 and not cfg.checkpoint_dir)
+        logger is True or run.resume is not None or (run.checkpoint_every > 0 and not run.checkpoint_dir)
     )
-    folder = open_run(cfg) if wants_folder else None
-    checkpoints = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else folder.checkpoints if folder else None
+    folder = open_run(run, lambda path: check_resume(path, cfg)) if wants_folder else None
+    checkpoints = Path(run.checkpoint_dir) if run.checkpoint_dir else folder.checkpoints if folder else None
     if checkpoints is not None:
         clean_stale_temporaries(checkpoints)
     if folder is not None:
-        clean_run_temporaries(cfg)
-    source = make_source(cfg, spec, loaded, sampler)  # synchronous sampling, or rollout workers with theirs
-    datamodule = RolloutDataModule(source, cfg)
+        clean_run_temporaries(run)
+    if asynchronous:  # rollout workers, set up with the whole config: each builds its environment, sampler
+        from lrl.pipeline.source import AsyncSource
+
+        source = AsyncSource(cfg, spec, loaded)
+    else:
+        from lrl.sources.sync import SyncSource
+
+        sections = dict(run=run, batch=cfg.batch, environment=cfg.environment, rollout=cfg.rollout)
+        source = SyncSource(sampler, spec, **sections)
+    datamodule = RolloutDataModule(source, run.max_steps)
     module = OffPolicyModule(cfg, loaded, source, spec, memory)
     module.run_dir = str(folder.path) if folder is not None else None
     if logger is True:
@@ -139,15 +129,15 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
         # a resumed run writes into its folder again; TensorBoard drops what the killed run wrote past the checkpoint
         purge = {"purge_step": folder.step} if folder.checkpoint is not None else {}
         logger = TensorBoardLogger(
-            cfg.log_dir, cfg.run_name, folder.version, default_hp_metric=False, **purge
+            run.log_dir, run.run_name, folder.version, default_hp_metric=False, **purge
         )
     if callbacks is None:  # the monitoring callbacks the config switches on
         from lrl.callbacks import build_callbacks
 
         callbacks = build_callbacks(cfg)
     run_dir = str(folder.path) if folder is not None else None
-    callbacks = [*(callbacks or []), *robustness_callbacks(cfg, checkpoints, run_dir)]
-    trainer = make_trainer(cfg, logger, callbacks, folder, **trainer_kw)
+    callbacks = [*(callbacks or []), *robustness_callbacks(run, checkpoints, run_dir)]
+    trainer = make_trainer(run, cfg.evaluation.eval_every, logger, callbacks, folder, **trainer_kw)
     ckpt = str(folder.checkpoint) if folder is not None and folder.checkpoint is not None else None
     if ckpt is not None:
         try:
@@ -158,25 +148,26 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     return Run(cfg, spec, loaded, source, module, datamodule, trainer, ckpt, folder)
 
 
-def make_trainer(cfg: Config, logger, callbacks: list, folder, **trainer_kw) -> L.Trainer:
-    """The run's Lightning Trainer; what Lightning refuses (e.g. --accelerator gpu without one) is a ConfigError."""
+def make_trainer(run: RunOptions, eval_every: int, logger, callbacks: list, folder, **trainer_kw) -> L.Trainer:
+    """The run's Lightning Trainer, validating every `eval_every` steps; what Lightning refuses (e.g.
+    --accelerator gpu without one) is a ConfigError."""
     from lrl.checkpoint import AtomicCheckpointIO
 
     kw = dict(
-        accelerator=cfg.accelerator,
-        devices=cfg.devices,
-        num_nodes=cfg.num_nodes,
-        strategy="ddp" if cfg.strategy == "auto" and cfg.world_size > 1 else cfg.strategy,
+        accelerator=run.accelerator,
+        devices=run.devices,
+        num_nodes=run.num_nodes,
+        strategy="ddp" if run.strategy == "auto" and run.world_size > 1 else run.strategy,
         plugins=[AtomicCheckpointIO()],
         max_epochs=1,
         max_steps=-1,
         log_every_n_steps=1,
-        val_check_interval=min(cfg.eval_every, cfg.max_steps),
+        val_check_interval=min(eval_every, run.max_steps),
         num_sanity_val_steps=0,
         use_distributed_sampler=False,  # every rank samples its own batch per step (lrl.data)
-        enable_checkpointing=cfg.checkpoint_every > 0,
+        enable_checkpointing=run.checkpoint_every > 0,
         enable_model_summary=False,
-        enable_progress_bar=cfg.progress,
+        enable_progress_bar=run.progress,
         logger=logger,
         callbacks=callbacks,
     )
@@ -256,7 +247,13 @@ def fit(run: Run) -> FitResult:
     )
 
 
-def startup_notes(cfg: Config, run: Run | None = None) -> list[str]:
+def startup_notes(
+    policy: PolicyOptions,
+    sampling: SamplingOptions,
+    environment: EnvironmentOptions,
+    accelerator: str,
+    run: Run | None = None,
+) -> list[str]:
     """What a user should know at the start of a run that the options alone do not say."""
     from lrl.envs.latency import parse_latency
     from lrl.envs.workers import DEFAULT_TOOL_TIMEOUT
@@ -264,17 +261,17 @@ def startup_notes(cfg: Config, run: Run | None = None) -> list[str]:
     from lrl.registry import SAMPLERS
 
     notes = []
-    if run is not None and (cfg.model is not None or parameters(run.policy) > LARGE_MODEL):
+    if run is not None and (policy.model is not None or parameters(run.policy) > LARGE_MODEL):
         size = parameters(run.policy)
-        notes.append(f"model: {cfg.model or 'the environment policy'} ({size / 1e6:.1f}M parameters)")
-        auto = " (auto)" if cfg.precision == "auto" else ""
+        notes.append(f"model: {policy.model or 'the environment policy'} ({size / 1e6:.1f}M parameters)")
+        auto = " (auto)" if policy.precision == "auto" else ""
         # the module is moved to its accelerator when fit starts: name the device it will compute on
-        notes.append(describe(run.module.precision, accelerator_device(cfg.accelerator)) + auto)
-        if cfg.sampler in SAMPLERS.users("decode"):
-            notes.append(f"sampler decode: {resolve_decode(cfg.decode, run.policy)}")
+        notes.append(describe(run.module.precision, accelerator_device(accelerator)) + auto)
+        if sampling.sampler in SAMPLERS.users("decode"):
+            notes.append(f"sampler decode: {resolve_decode(sampling.decode, run.policy)}")
         if run.module.memory is not None and run.module.memory.chunked:
             notes.append(run.module.memory.describe())
-    if cfg.tool_timeout is None and not parse_latency(cfg.tool_latency).off:
+    if environment.tool_timeout is None and not parse_latency(environment.tool_latency).off:
         notes.append(
             f"tool calls run on threads without --tool-timeout: each is bounded at {DEFAULT_TOOL_TIMEOUT:g} s "
             "and then counted as an environment failure (env/timeouts)"

@@ -18,12 +18,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lrl.config import Config, ConfigError
+from lrl.config import ConfigError
 from lrl.pathkinds import VIRTUAL
 from lrl.pathkinds import kind as _kind
+from lrl.sections import PolicyOptions, RunOptions
 
 HISTORY_PREFIX = (
     64 * 2**10
@@ -105,23 +107,23 @@ def check_input(name: str, value: str | None, want: str) -> list[str]:
     return []
 
 
-def check_paths(cfg: Config) -> None:
+def check_paths(run: RunOptions, policy: PolicyOptions) -> None:
     """Every path option, checked before anything is built; one ConfigError listing every problem."""
-    problems = check_output("log_dir", cfg.log_dir, "dir") + check_output(
-        "checkpoint_dir", cfg.checkpoint_dir, "dir"
+    problems = check_output("log_dir", run.log_dir, "dir") + check_output(
+        "checkpoint_dir", run.checkpoint_dir, "dir"
     )
-    problems += check_output("history_file", cfg.history_file, "file") or check_history(cfg.history_file)
-    if cfg.resume not in (None, "last"):
-        problems += check_input("resume", cfg.resume, "any")
+    problems += check_output("history_file", run.history_file, "file") or check_history(run.history_file)
+    if run.resume not in (None, "last"):
+        problems += check_input("resume", run.resume, "any")
     for name in ("model", "tokenizer"):
-        problems += check_input(name, getattr(cfg, name), "dir")
-    if cfg.checkpoint_dir is not None and not _another_rank(cfg) and _in_use(Path(cfg.checkpoint_dir)):
-        problems.append(_in_use_message(cfg.checkpoint_dir))
-    if cfg.checkpoint_dir is not None and not cfg.overwrite and cfg.resume is None:
-        existing = Path(cfg.checkpoint_dir) / "last.ckpt"
+        problems += check_input(name, getattr(policy, name), "dir")
+    if run.checkpoint_dir is not None and not _another_rank(run) and _in_use(Path(run.checkpoint_dir)):
+        problems.append(_in_use_message(run.checkpoint_dir))
+    if run.checkpoint_dir is not None and not run.overwrite and run.resume is None:
+        existing = Path(run.checkpoint_dir) / "last.ckpt"
         if existing.exists():
             problems.append(
-                f"checkpoint_dir: {cfg.checkpoint_dir!r} already holds last.ckpt; resume it "
+                f"checkpoint_dir: {run.checkpoint_dir!r} already holds last.ckpt; resume it "
                 "(--resume last), choose another folder, or replace it with --overwrite"
             )
     if problems:
@@ -207,28 +209,28 @@ def _in_use_message(checkpoint_dir: str) -> str:
     )
 
 
-def _another_rank(cfg: Config) -> bool:
+def _another_rank(run: RunOptions) -> bool:
     """This process is a second rank of rank 0's data-parallel run (it shares rank 0's folders and locks). A
     run of one process is always rank 0, whatever LOCAL_RANK and LRL_RUN_DIR it inherited from a parent."""
     return (
-        cfg.world_size > 1 and bool(os.environ.get(RUN_DIR_ENV)) and os.environ.get("LOCAL_RANK", "0") != "0"
+        run.world_size > 1 and bool(os.environ.get(RUN_DIR_ENV)) and os.environ.get("LOCAL_RANK", "0") != "0"
     )
 
 
-def _hold_checkpoint_dir(cfg: Config) -> int | None:
+def _hold_checkpoint_dir(run: RunOptions) -> int | None:
     """Lock --checkpoint-dir for the life of the run (None without one); ConfigError when a live run has it."""
-    if cfg.checkpoint_dir is None:
+    if run.checkpoint_dir is None:
         return None
-    folder = Path(cfg.checkpoint_dir)
+    folder = Path(run.checkpoint_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = _lock(folder)
     except OSError as err:
         raise ConfigError(
-            f"checkpoint_dir: {cfg.checkpoint_dir!r} cannot be locked ({err.strerror})"
+            f"checkpoint_dir: {run.checkpoint_dir!r} cannot be locked ({err.strerror})"
         ) from None
     if fd is None:
-        raise ConfigError(_in_use_message(cfg.checkpoint_dir))
+        raise ConfigError(_in_use_message(run.checkpoint_dir))
     return fd
 
 
@@ -242,9 +244,9 @@ def _versions(base: Path) -> list[tuple[int, Path]]:
     return sorted(out, reverse=True)
 
 
-def new_folder(cfg: Config) -> RunFolder:
+def new_folder(run: RunOptions) -> RunFolder:
     """Claim the next free version_N folder of <log_dir>/<run_name> (atomic mkdir, then a lock)."""
-    base = Path(cfg.log_dir) / cfg.run_name
+    base = Path(run.log_dir) / run.run_name
     try:
         base.mkdir(parents=True, exist_ok=True)
         version = (_versions(base)[0][0] + 1) if _versions(base) else 0
@@ -276,9 +278,11 @@ def checkpoint_step(path: Path) -> int:
     return checkpoint_info(path)[0]
 
 
-def open_run(cfg: Config) -> RunFolder:
-    """The folder this run writes to: a new one, or, when resuming, the folder of the checkpoint's run."""
-    if _another_rank(cfg):  # another rank of rank 0's run
+def open_run(run: RunOptions, check_resume: Callable[[str], None]) -> RunFolder:
+    """The folder this run writes to: a new one, or, when resuming, the folder of the checkpoint's run.
+    `check_resume(path)` raises ConfigError for a checkpoint this run may not continue
+    (:func:`lrl.checkpoint.check_resume` with the run's config)."""
+    if _another_rank(run):  # another rank of rank 0's run
         path = Path(os.environ[RUN_DIR_ENV]).expanduser()
         if not (path.is_dir() and path.name.startswith("version_") and path.name[8:].isdigit()):
             raise ConfigError(
@@ -286,25 +290,25 @@ def open_run(cfg: Config) -> RunFolder:
                 "data-parallel run for its other ranks; unset it to start a run of your own"
             )
         ckpt = path / "checkpoints" / "last.ckpt"
-        resumed = cfg.resume is not None and ckpt.is_file()
+        resumed = run.resume is not None and ckpt.is_file()
         return RunFolder(
             path, int(path.name[8:]), ckpt if resumed else None, checkpoint_step(ckpt) if resumed else 0
         )
-    held = _hold_checkpoint_dir(cfg)
+    held = _hold_checkpoint_dir(run)
     folder = None
     try:
-        folder = _resume_folder(cfg) if cfg.resume is not None else None
+        folder = _resume_folder(run, check_resume) if run.resume is not None else None
         if folder is None:
-            folder = new_folder(cfg)
+            folder = new_folder(run)
             folder.note = f"started fresh in {folder.path}"
-            if cfg.resume == "last":
+            if run.resume == "last":
                 folder.note = (
-                    f"resume last: no run of {Path(cfg.log_dir) / cfg.run_name} to continue; " + folder.note
+                    f"resume last: no run of {Path(run.log_dir) / run.run_name} to continue; " + folder.note
                 )
         folder._checkpoint_dir_lock = held
-        if folder.checkpoint is not None and cfg.max_steps < folder.step:
+        if folder.checkpoint is not None and run.max_steps < folder.step:
             raise ConfigError(
-                f"max_steps: {cfg.max_steps} is below the step of the checkpoint it resumes "
+                f"max_steps: {run.max_steps} is below the step of the checkpoint it resumes "
                 f"({folder.step}, {folder.checkpoint}); give --max-steps {folder.step} or more"
             )
     except BaseException:
@@ -317,13 +321,11 @@ def open_run(cfg: Config) -> RunFolder:
     return folder
 
 
-def _resume_folder(cfg: Config) -> RunFolder | None:
+def _resume_folder(run: RunOptions, check_resume: Callable[[str], None]) -> RunFolder | None:
     """The run a --resume continues (None: 'last' found none), locked; a clear error for anything else."""
-    from lrl.checkpoint import check_resume
-
-    if cfg.resume == "last":
-        return _resume_last(cfg)
-    path = Path(cfg.resume)
+    if run.resume == "last":
+        return _resume_last(run, check_resume)
+    path = Path(run.resume)
     ckpt = (
         path
         if path.is_file()
@@ -331,11 +333,11 @@ def _resume_folder(cfg: Config) -> RunFolder | None:
     )
     if ckpt is None:
         raise ConfigError(
-            f"resume: {cfg.resume!r} is a folder without a checkpoint (no checkpoints/last.ckpt "
+            f"resume: {run.resume!r} is a folder without a checkpoint (no checkpoints/last.ckpt "
             "or last.ckpt in it); give a run folder, a checkpoint file, or 'last'"
         )
-    check_resume(str(ckpt), cfg)
-    folder = _claim(ckpt, cfg)
+    check_resume(str(ckpt))
+    folder = _claim(ckpt, run)
     if folder is None:
         raise ConfigError(
             f"resume: {str(ckpt)!r} belongs to a run that is still going (its folder is locked)"
@@ -343,30 +345,27 @@ def _resume_folder(cfg: Config) -> RunFolder | None:
     return folder
 
 
-def _resume_last(cfg: Config) -> RunFolder | None:
+def _resume_last(run: RunOptions, check_resume: Callable[[str], None]) -> RunFolder | None:
     """The newest checkpoint of <log_dir>/<run_name> (--checkpoint-dir's first), locked; None when there is
     none to continue. One that a live run holds is left to it; the newest of the others must be resumable:
     one that cannot be read or was written with other settings is an error, never a silent fresh start."""
-    from lrl.checkpoint import check_resume
-
-    base = Path(cfg.log_dir) / cfg.run_name
+    base = Path(run.log_dir) / run.run_name
     candidates = [p / "checkpoints" / "last.ckpt" for _, p in _versions(base)]
-    if cfg.checkpoint_dir is not None:  # this run holds that folder's lock already (open_run)
-        candidates.insert(0, Path(cfg.checkpoint_dir) / "last.ckpt")
+    if run.checkpoint_dir is not None:  # this run holds that folder's lock already (open_run)
+        candidates.insert(0, Path(run.checkpoint_dir) / "last.ckpt")
     in_use = []
     for ckpt in [c for c in candidates if c.is_file()]:
-        run = ckpt.parent.parent
-        if ckpt.parent.name == "checkpoints" and _in_use(run):
+        if ckpt.parent.name == "checkpoints" and _in_use(ckpt.parent.parent):
             in_use.append(str(ckpt))
             continue
         try:
-            check_resume(str(ckpt), cfg)
+            check_resume(str(ckpt))
         except ConfigError as err:
             raise ConfigError(
                 f"{err} (it is the newest checkpoint of {str(base)!r} that --resume last would continue; "
                 "resume another with --resume PATH, or leave out --resume to start fresh)"
             ) from None
-        folder = _claim(ckpt, cfg)
+        folder = _claim(ckpt, run)
         if folder is not None:
             return folder
         in_use.append(str(ckpt))  # claimed by another run between the check and the lock
@@ -377,30 +376,30 @@ def _resume_last(cfg: Config) -> RunFolder | None:
     return None
 
 
-def _claim(ckpt: Path, cfg: Config) -> RunFolder | None:
+def _claim(ckpt: Path, run: RunOptions) -> RunFolder | None:
     """Lock the run folder a checkpoint belongs to (its own, or a new one when it lives elsewhere)."""
     step, recorded = checkpoint_info(ckpt)
-    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else recorded  # its own run's folder
-    if run is None or not run.is_dir() or not run.name.startswith("version_") or not run.name[8:].isdigit():
-        folder = new_folder(cfg)
+    own = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else recorded  # its own run's folder
+    if own is None or not own.is_dir() or not own.name.startswith("version_") or not own.name[8:].isdigit():
+        folder = new_folder(run)
     else:
-        lock = _lock(run)
+        lock = _lock(own)
         if lock is None:
             return None
-        folder = RunFolder(run, int(run.name[8:]), _lock=lock)
+        folder = RunFolder(own, int(own.name[8:]), _lock=lock)
     folder.checkpoint = ckpt
     folder.step = step
     folder.note = f"resumed from step {folder.step} of {ckpt}; writing to {folder.path}"
     return folder
 
 
-def clean_run_temporaries(cfg: Config) -> list[Path]:
+def clean_run_temporaries(run: RunOptions) -> list[Path]:
     """The temporary files of killed checkpoint writes in every run folder of <log_dir>/<run_name> that no live
     run holds (a run killed during its first write has no checkpoint, so nothing resumes that folder)."""
     removed = []
-    for _, run in _versions(Path(cfg.log_dir) / cfg.run_name):
-        if not _in_use(run):
-            removed += clean_stale_temporaries(run / "checkpoints")
+    for _, folder in _versions(Path(run.log_dir) / run.run_name):
+        if not _in_use(folder):
+            removed += clean_stale_temporaries(folder / "checkpoints")
     return removed
 
 

@@ -105,7 +105,8 @@ def run(argv: list[str]) -> int:
         return OUTPUT_FAILED
     announce_stops(run, argv)
     if run.trainer.is_global_zero:
-        for note in ([run.folder.note] if run.folder is not None else []) + startup_notes(cfg, run):
+        notes = startup_notes(cfg.policy, cfg.sampling, cfg.environment, cfg.run.accelerator, run)
+        for note in ([run.folder.note] if run.folder is not None else []) + notes:
             print(f"{train_program()}: {note}", flush=True)
     try:
         result = fit(run)
@@ -126,8 +127,9 @@ def run(argv: list[str]) -> int:
     skipped = f" ({result.skipped} skipped: no advantage signal)" if result.skipped else ""
     print(
         f"held-out pass rate {result.pass_rate:.3f} over {result.episodes} episodes "
-        f"({cfg.eval_episodes} per task){counts} | invalid {result.invalid:.3f} | env {cfg.env} | "
-        f"sampler {cfg.sampler} lag {cfg.lag} correction {cfg.correction} | {result.steps} steps{skipped} | "
+        f"({cfg.evaluation.eval_episodes} per task){counts} | invalid {result.invalid:.3f} | "
+        f"env {cfg.environment.env} | sampler {cfg.sampling.sampler} lag {cfg.sampling.lag} "
+        f"correction {cfg.weighting.correction} | {result.steps} steps{skipped} | "
         f"{time.time() - start:.1f} s | logs in {run.trainer.logger.log_dir if run.trainer.logger else '-'}"
     )
     if result.steps and result.skipped == result.steps and result.all_env_failures:
@@ -158,7 +160,7 @@ def resume_command(run, argv: list[str]) -> str | None:
         i = kept.index("--resume")
         del kept[i : i + 2]
     where = run.folder.path if run.folder is not None else None
-    if run.cfg.checkpoint_every > 0 and where is not None:
+    if run.cfg.run.checkpoint_every > 0 and where is not None:
         return f"{train_command()} {shlex.join([*kept, '--resume', str(where)])}"
     return None
 

@@ -96,7 +96,7 @@ def one_seed(args: tuple) -> dict:
     policy = None
     if noise is not None:  # the run's own starting policy, perturbed
         spec = make_env(resolve(cfg))  # a named model -> its folder, as a run's preflight does
-        policy = load_model(cfg, spec.tok) or (spec.warm_start() if spec.warm_start else None)
+        policy = load_model(cfg.policy, spec.tok) or (spec.warm_start() if spec.warm_start else None)
         if policy is None:
             raise ValueError(f"machine {machine}: the environment has no starting policy to perturb")
         policy = perturbed(policy, noise, size)

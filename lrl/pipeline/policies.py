@@ -30,9 +30,12 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from lrl.registry import STALENESS
+
+if TYPE_CHECKING:
+    from lrl.sections import RolloutOptions
 
 
 class Verdict(enum.Enum):
@@ -110,7 +113,8 @@ class StalePolicy(Protocol):
 
 def register_stale_policy(name: str, *, uses=(), check=None, help: str = ""):
     """Class decorator: register a policy class under `name` (its ``name`` becomes that). The class is built with
-    the run's config, ``cls(cfg)``; ``uses``, ``check`` and ``help`` are as for every registry entry."""
+    the run's rollout options (:class:`lrl.sections.RolloutOptions`, which hold every staleness option),
+    ``cls(rollout)``; ``uses``, ``check`` and ``help`` are as for every registry entry."""
 
     def add(cls):
         STALENESS.register(name, uses=uses, check=check, help=help)(cls)  # raises before anything changes
@@ -120,10 +124,10 @@ def register_stale_policy(name: str, *, uses=(), check=None, help: str = ""):
     return add
 
 
-def make_stale_policy(cfg) -> StalePolicy:
+def make_stale_policy(rollout: RolloutOptions) -> StalePolicy:
     """The run's policy: ``stale_policy``, or ``none`` where ``staleness_drop`` is false."""
-    name = cfg.stale_policy if cfg.staleness_drop else ThrottleOnly.name
-    return STALENESS.get(name).factory(cfg)
+    name = rollout.stale_policy if rollout.staleness_drop else ThrottleOnly.name
+    return STALENESS.get(name).factory(rollout)
 
 
 def oldest_tag(episodes: Sequence) -> int:
@@ -143,7 +147,7 @@ class Drop:
 
     name: ClassVar[str]
 
-    def __init__(self, cfg=None):
+    def __init__(self, rollout: RolloutOptions | None = None):
         pass
 
     def choose(self, schedule: ScheduleView) -> list[int] | None:
@@ -217,12 +221,12 @@ class Ordered(Drop):
     answers (the group, sent without its unfinished episodes, or a refusal), then takes without what is still out.
     """
 
-    def __init__(self, cfg=None):
-        given = None if cfg is None else cfg.take_patience
+    def __init__(self, rollout: RolloutOptions | None = None):
+        given = None if rollout is None else rollout.take_patience
         self.patience = (
             math.inf if given is None else float(given)
         )  # seconds a take waits for an earlier group
-        self.patience_steps: float | None = None if cfg is None else cfg.take_patience_steps
+        self.patience_steps: float | None = None if rollout is None else rollout.take_patience_steps
         self.deadline: float | None = None  # until when the take going on waits (the schedule's clock)
 
     def measured(self, trainer_seconds: Sequence[float]) -> None:

@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from lrl.pipeline.messages import BatchDone, CutDone, Group, GroupDone, Work
 from lrl.pipeline.policies import Drop, StalePolicy, issue_limit, unit_episodes, worker_capacity
+
+if TYPE_CHECKING:
+    from lrl.sections import RolloutOptions
 
 
 class _Schedule:
@@ -230,11 +234,14 @@ class DeterministicSchedule(_Schedule):
         self.taken = state["taken"]
 
 
-def make_schedule(cfg, groups_per_batch: int, policy: StalePolicy | None = None):
-    """The controller's schedule for a config, taking finished groups as `policy` chooses (default: drop's)."""
-    kind = DeterministicSchedule if cfg.deterministic else FreeSchedule
+def make_schedule(
+    rollout: RolloutOptions, episodes_per_task: int, groups_per_batch: int, policy: StalePolicy | None = None
+):
+    """The controller's schedule for a run's rollout options and groups of `episodes_per_task` episodes, taking
+    finished groups as `policy` chooses (default: drop's)."""
+    kind = DeterministicSchedule if rollout.deterministic else FreeSchedule
     return kind(
-        groups_per_batch, cfg.episodes_per_task, cfg.rollout_workers, cfg.max_staleness, cfg.slots, policy
+        groups_per_batch, episodes_per_task, rollout.rollout_workers, rollout.max_staleness, rollout.slots, policy
     )
 
 

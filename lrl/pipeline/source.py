@@ -40,22 +40,27 @@ class AsyncSource:
     """Batches from rollout workers, one per training step (see the module docstring)."""
 
     def __init__(self, cfg, spec, policy: torch.nn.Module):
-        self.cfg = cfg
+        self.cfg = cfg  # each worker is set up with the whole config: it builds its environment and sampler
+        self.rollout = rollout = cfg.rollout
+        self.batch_options = cfg.batch
+        self.environment = cfg.environment
+        self.seed = cfg.run.seed
+        self.max_steps = cfg.run.max_steps
         self.spec = spec
-        self.episodes_per_group = cfg.episodes_per_task
-        self.max_staleness = cfg.max_staleness
+        self.episodes_per_group = cfg.batch.episodes_per_task
+        self.max_staleness = rollout.max_staleness
         self.rank = 0
         self.world = 1
-        self.groups_per_batch = cfg.tasks_per_step  # groups per batch, this rank's share
-        self.generator = torch.Generator().manual_seed(cfg.seed)  # the tasks of each batch
+        self.groups_per_batch = cfg.batch.tasks_per_step  # groups per batch, this rank's share
+        self.generator = torch.Generator().manual_seed(self.seed)  # the tasks of each batch
         self.picker = TaskPicker(spec.train_tasks, self.groups_per_batch, self.generator)
-        self.workers = make_workers(cfg)  # processes on this machine or Ray actors (--rollout-backend)
+        self.workers = make_workers(rollout)  # processes on this machine or Ray actors (--rollout-backend)
         # a deterministic schedule may ask for a version the trainer has passed: keep the last eta + 2
-        self.board = self.workers.make_board(policy, 0, self.max_staleness + 2 if cfg.deterministic else 1)
+        self.board = self.workers.make_board(policy, 0, self.max_staleness + 2 if rollout.deterministic else 1)
         self.model_class = type(policy)
         self.model_config = policy.config
-        self.stale = make_stale_policy(cfg)  # what happens to work past the bound (--stale-policy)
-        self.schedule = make_schedule(cfg, self.groups_per_batch, self.stale)
+        self.stale = make_stale_policy(rollout)  # what happens to work past the bound (--stale-policy)
+        self.schedule = make_schedule(rollout, self.episodes_per_group, self.groups_per_batch, self.stale)
         self.issued = 0  # groups handed out so far (serials 0 .. issued - 1)
         self.group_task: dict[int, int] = {}  # serial -> task position, for groups not consumed yet
         self.produced = 0
@@ -79,10 +84,10 @@ class AsyncSource:
         """This rank's workers, ids and share of each batch's groups, and its own task draws."""
         self.rank = rank
         self.world = world_size
-        self.groups_per_batch = self.cfg.tasks_per_step // world_size
+        self.groups_per_batch = self.batch_options.tasks_per_step // world_size
         self.picker.per_step = self.groups_per_batch
-        self.generator.manual_seed(rank_seed(self.cfg.seed, rank))
-        self.schedule = make_schedule(self.cfg, self.groups_per_batch, self.stale)
+        self.generator.manual_seed(rank_seed(self.seed, rank))
+        self.schedule = make_schedule(self.rollout, self.episodes_per_group, self.groups_per_batch, self.stale)
 
     def setup(self, policy, version: int) -> None:
         """Publish the starting weights (and, resuming a deterministic run, the older ones it may still need),
@@ -106,7 +111,7 @@ class AsyncSource:
                 self.model_config,
                 self.restore[i] if self.restore else None,
             )
-            for i in range(self.cfg.rollout_workers)
+            for i in range(self.rollout.rollout_workers)
         ]
         self.workers.start(setups)
         self.restore = None
@@ -195,7 +200,7 @@ class AsyncSource:
             if batch is not None:
                 break
         if (
-            version + 1 >= self.cfg.max_steps
+            version + 1 >= self.max_steps
         ):  # the run's last batch: what was started but will not be trained
             info["unfinished_ids"] = [
                 f"{self.rank}:{s * self.episodes_per_group + j}"
@@ -262,7 +267,7 @@ class AsyncSource:
         info["time/finished_seconds"] = self._durations
         info["time/finished_turns"] = self._turns
         info["pipeline/occupancy"] = self._timeline
-        batch = score_batch(kept, self.spec, self.cfg)
+        batch = score_batch(kept, self.spec, self.batch_options, self.environment)
         masked = 0.0
         if any(masking):  # over-stale action tokens get no gradient; the advantage is the whole episode's
             rows = torch.tensor(masking).unsqueeze(1)  # [B, 1]: the episodes masked
@@ -301,11 +306,11 @@ class AsyncSource:
         workers = self.restore
         if self.workers.running:
             self._paused = {}
-            for w in range(self.cfg.rollout_workers):
+            for w in range(self.rollout.rollout_workers):
                 self.workers.send(w, Pause())
-            while len(self._paused) < self.cfg.rollout_workers:
+            while len(self._paused) < self.rollout.rollout_workers:
                 self._receive()
-            workers = [self._paused[w] for w in range(self.cfg.rollout_workers)]
+            workers = [self._paused[w] for w in range(self.rollout.rollout_workers)]
         state = {
             "schedule": self.schedule.state_dict(),
             "picker": self.picker.state_dict(),
@@ -314,10 +319,10 @@ class AsyncSource:
             "group_task": dict(self.group_task),
             "produced": self.produced,
             "workers": workers,
-            "board": self.board.kept() if self.cfg.deterministic else None,
+            "board": self.board.kept() if self.rollout.deterministic else None,
         }
         if self.workers.running:
-            for w in range(self.cfg.rollout_workers):
+            for w in range(self.rollout.rollout_workers):
                 self.workers.send(w, Resume())
         return state
 

@@ -24,6 +24,7 @@ from lrl.losses import group_advantages
 
 if TYPE_CHECKING:
     from lrl.samplers.base import Traits
+    from lrl.sections import BatchOptions, EnvironmentOptions
 
 
 class RolloutSource(Protocol):
@@ -108,16 +109,17 @@ class TaskPicker:
         self.carry = list(state["carry"])
 
 
-def score_batch(episodes, spec, cfg) -> Batch:
+def score_batch(episodes, spec, batch_options: BatchOptions, environment: EnvironmentOptions) -> Batch:
     """Finished episodes -> the scored batch: collate, the shaped reward's group advantages, each one's turns.
 
     A malformed episode's advantage is computed from ``reward - invalid_penalty`` (its score is unchanged); an
     environment failure takes no part in its group's statistics (advantage 0, no gradient).
     """
     batch = collate(episodes, spec.tok.pad_id, spec.metrics)
-    shaped = batch["reward"] - cfg.invalid_penalty * batch["invalid"]  # what the advantages are made of
+    penalty = batch_options.invalid_penalty
+    shaped = batch["reward"] - penalty * batch["invalid"]  # what the advantages are made of
     batch["advantage"] = group_advantages(
-        shaped, batch["task_id"], 1.0 - batch["env_failure"], scale=cfg.advantage_norm == "std"
+        shaped, batch["task_id"], 1.0 - batch["env_failure"], scale=batch_options.advantage_norm == "std"
     )
     batch["env_turns"] = torch.tensor([float(len(e.actions)) for e in episodes])  # [B] steps of its env
     if spec.counters:  # the environment's own counts (sandbox runs, verdicts), summed per step as env/<m>
@@ -125,7 +127,8 @@ def score_batch(episodes, spec, cfg) -> Batch:
             m: torch.tensor([float(e.metrics.get(m, 0.0)) for e in episodes]) for m in spec.counters
         }
         batch["tool_times"] = [t for e in episodes for t in e.tool_times]
-    if cfg.tool_timeout is not None or cfg.tool_latency != "none" or spec.counters:  # why workers failed
+    timed = environment.tool_timeout is not None or environment.tool_latency != "none"
+    if timed or spec.counters:  # why workers failed
         batch["env_timeout"] = torch.tensor([float(e.timed_out) for e in episodes])  # [B]
         batch["env_error"] = torch.tensor([float(bool(e.tool_error)) for e in episodes])  # [B]
     return batch

@@ -27,6 +27,7 @@ import torch
 from lrl.batch import Batch
 from lrl.envs import EnvSpec, FailureInjection
 from lrl.envs.workers import InlineTools, make_tools
+from lrl.sections import BatchOptions, EnvironmentOptions, RolloutOptions, RunOptions
 from lrl.sources.base import TaskPicker, rank_seed, score_batch
 from lrl.streams import ENV_FAILURES, SAMPLING, TOOL_LATENCY, KeyedDraws, stream_seed
 
@@ -34,14 +35,27 @@ from lrl.streams import ENV_FAILURES, SAMPLING, TOOL_LATENCY, KeyedDraws, stream
 class SyncSource:
     """Samples the run's batches one by one: `tasks_per_step` train tasks x `episodes_per_task` episodes."""
 
-    def __init__(self, sampler, spec: EnvSpec, cfg):
+    def __init__(
+        self,
+        sampler,
+        spec: EnvSpec,
+        *,
+        run: RunOptions,
+        batch: BatchOptions,
+        environment: EnvironmentOptions,
+        rollout: RolloutOptions,
+    ):
         self.sampler = sampler
         self.spec = spec
-        self.cfg = cfg
-        self.generator = torch.Generator().manual_seed(stream_seed(cfg.seed, SAMPLING))
-        self.env_generator = torch.Generator().manual_seed(stream_seed(cfg.seed, ENV_FAILURES))
-        self.tool_generator = torch.Generator().manual_seed(stream_seed(cfg.seed, TOOL_LATENCY))
-        self.picker = TaskPicker(spec.train_tasks, cfg.tasks_per_step, self.generator)
+        self.seed = run.seed
+        self.paired_streams = run.paired_streams
+        self.batch_options = batch
+        self.environment = environment
+        self.slots = rollout.slots
+        self.generator = torch.Generator().manual_seed(stream_seed(self.seed, SAMPLING))
+        self.env_generator = torch.Generator().manual_seed(stream_seed(self.seed, ENV_FAILURES))
+        self.tool_generator = torch.Generator().manual_seed(stream_seed(self.seed, TOOL_LATENCY))
+        self.picker = TaskPicker(spec.train_tasks, batch.tasks_per_step, self.generator)
         self.produced = 0
         self.rank = 0
         self._weights_state: dict | None = None
@@ -49,11 +63,11 @@ class SyncSource:
     # -- lifecycle --------------------------------------------------------------------------------------
     def bind(self, rank: int, world_size: int) -> None:
         """This rank's share of the tasks and its own seed streams (rank 0 keeps the single-process ones)."""
-        self.picker.per_step = self.cfg.tasks_per_step // world_size  # Config checks that it divides
+        self.picker.per_step = self.batch_options.tasks_per_step // world_size  # Config checks that it divides
         self.rank = rank
-        self.generator.manual_seed(rank_seed(stream_seed(self.cfg.seed, SAMPLING), rank))
-        self.env_generator.manual_seed(rank_seed(stream_seed(self.cfg.seed, ENV_FAILURES), rank))
-        self.tool_generator.manual_seed(rank_seed(stream_seed(self.cfg.seed, TOOL_LATENCY), rank))
+        self.generator.manual_seed(rank_seed(stream_seed(self.seed, SAMPLING), rank))
+        self.env_generator.manual_seed(rank_seed(stream_seed(self.seed, ENV_FAILURES), rank))
+        self.tool_generator.manual_seed(rank_seed(stream_seed(self.seed, TOOL_LATENCY), rank))
 
     def setup(self, policy, version: int) -> None:
         self.sampler.setup(policy, version)
@@ -73,8 +87,8 @@ class SyncSource:
     # -- batches ----------------------------------------------------------------------------------------
     def failing_spec(self, made: list[FailureInjection]) -> EnvSpec:
         """The env spec whose envs inject this run's worker failures; it records the envs it makes."""
-        rate = self.cfg.env_failure_rate
-        hazard = self.cfg.env_failure_hazard
+        rate = self.environment.env_failure_rate
+        hazard = self.environment.env_failure_hazard
         generator = self.env_generator if rate or hazard else None
 
         def make() -> FailureInjection:
@@ -87,22 +101,22 @@ class SyncSource:
     def engine_options(self) -> dict:
         """How the sampler's engine runs the batch: lockstep (no options) or slots and environment workers, and
         with ``paired_streams`` the batch's keyed draws."""
-        tools = make_tools(self.cfg.environment, self.tool_generator)
-        keyed = {"draws": self.keyed_draws()} if self.cfg.paired_streams else {}
-        if not self.cfg.slots and isinstance(tools, InlineTools):
+        tools = make_tools(self.environment, self.tool_generator)
+        keyed = {"draws": self.keyed_draws()} if self.paired_streams else {}
+        if not self.slots and isinstance(tools, InlineTools):
             return keyed
-        return {"slots": self.cfg.slots or None, "tools": tools, "lockstep": not self.cfg.slots, **keyed}
+        return {"slots": self.slots or None, "tools": tools, "lockstep": not self.slots, **keyed}
 
     def keyed_draws(self) -> KeyedDraws:
         """The draws of the next batch keyed by what they are for (``paired_streams``), from this rank's seed."""
-        return KeyedDraws(rank_seed(stream_seed(self.cfg.seed, SAMPLING), self.rank), self.produced)
+        return KeyedDraws(rank_seed(stream_seed(self.seed, SAMPLING), self.rank), self.produced)
 
     def next_batch(self, version: int = 0) -> Batch:
         """Sample, collate and score one batch with the sampler's current behavior weights."""
         start = time.perf_counter()
-        draws = self.keyed_draws() if self.cfg.paired_streams else None
+        draws = self.keyed_draws() if self.paired_streams else None
         positions = self.picker.choose(torch.Generator().manual_seed(draws.task_seed()) if draws else None)
-        tasks = [self.picker.task(i) for i in positions for _ in range(self.cfg.episodes_per_task)]
+        tasks = [self.picker.task(i) for i in positions for _ in range(self.batch_options.episodes_per_task)]
         envs: list[FailureInjection] = []
         episodes = self.sampler.sample(
             tasks, self.generator, self.failing_spec(envs), **self.engine_options()
@@ -112,9 +126,9 @@ class SyncSource:
                 f"sampler {self.sampler.name!r} did not build one env per episode "
                 "with spec.make(), so environment failures cannot be injected"
             )
-        batch = score_batch(episodes, self.spec, self.cfg)
+        batch = score_batch(episodes, self.spec, self.batch_options, self.environment)
         self.picker.carry_failures(episodes)
-        if self.cfg.slots:  # the engine's episode times, as the async ledger has them (the simulator's input)
+        if self.slots:  # the engine's episode times, as the async ledger has them (the simulator's input)
             first = self.produced * len(episodes)
             batch["ledger"] = {
                 "time/finished_seconds": [[first + i, e.seconds] for i, e in enumerate(episodes)],

@@ -195,8 +195,8 @@ def test_a_plugin_staleness_policy_chooses_the_groups_a_batch_takes(in_examples)
     # --stale-policy offers what is registered: the plugin's policy, and none (the throttle alone)
     cfg = parse_args(["--plugins", "my_plugin", "--pipeline", "async", "--stale-policy", "newest-first"])
     assert STALENESS["newest-first"].help.startswith("take the groups that finished last first")
-    assert type(make_stale_policy(cfg.replace(stale_policy="none"))) is ThrottleOnly
-    policy = make_stale_policy(cfg)
+    assert type(make_stale_policy(cfg.replace(stale_policy="none").rollout)) is ThrottleOnly
+    policy = make_stale_policy(cfg.rollout)
     schedule = FreeSchedule(2, 1, 1, 1, 0, policy)  # two groups of one a batch
     for serial in (4, 0, 7):  # finished in this order
         schedule.accept(GroupDone(0, serial, [], 1.0))

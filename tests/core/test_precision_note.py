@@ -8,6 +8,10 @@ from lrl.config import Config
 from lrl.run import startup_notes
 
 
+def notes(cfg: Config, run) -> list[str]:
+    return startup_notes(cfg.policy, cfg.sampling, cfg.environment, cfg.run.accelerator, run)
+
+
 def test_the_precision_note_names_the_device_the_run_will_compute_on(monkeypatch, tmp_path):
     """The module is still on the CPU when the notes are written: a GPU run's note names the GPU, not the CPU."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU 80GB")
@@ -17,12 +21,12 @@ def test_the_precision_note_names_the_device_the_run_will_compute_on(monkeypatch
     )
     gpu = [
         n
-        for n in startup_notes(Config(accelerator="gpu", model=str(tmp_path)), run)
+        for n in notes(Config(accelerator="gpu", model=str(tmp_path)), run)
         if n.startswith("precision:")
     ]
     cpu = [
         n
-        for n in startup_notes(Config(accelerator="cpu", model=str(tmp_path)), run)
+        for n in notes(Config(accelerator="cpu", model=str(tmp_path)), run)
         if n.startswith("precision:")
     ]
     assert gpu and "Test GPU 80GB" in gpu[0]

@@ -161,7 +161,7 @@ def test_dropout_is_off_for_old_logp_and_the_update(tmp_path, tok, monkeypatch):
     monkeypatch.setattr(lrl.module, "policy_loss", recording)
     # an untrained model earns no reward: give every episode an advantage so that the update runs
     monkeypatch.setattr(
-        lrl.sources.base, "group_advantages", lambda reward, group, valid: torch.linspace(-1, 1, len(reward))
+        lrl.sources.base, "group_advantages", lambda reward, group, valid, **_: torch.linspace(-1, 1, len(reward))
     )
     run = build_run(quick_cfg(model=str(tmp_path / "gpt"), max_steps=2), logger=False, callbacks=[])
     fit(run)

@@ -75,9 +75,9 @@ def test_the_memory_plan_counts_the_built_in_samplers_copies_as_before(options, 
     params = 1000
     cfg = Config(**options)
     sampler = samplers.make_sampler(cfg, TOK)
-    trainer = budget.static_bytes(cfg, params)  # an asynchronous run's: its samplers are in its workers
+    trainer = budget.static_bytes(cfg.update, params)  # an asynchronous run's: its samplers are in its workers
     assert trainer == (16 + 12) * params  # weights, gradients, Adam; the update guard's copy (max_step_kl)
-    assert budget.static_bytes(cfg, params, sampler) == trainer + copies * params
+    assert budget.static_bytes(cfg.update, params, sampler) == trainer + copies * params
 
 
 def test_an_entry_without_a_declaration_is_asked_through_its_sampler(plugins, monkeypatch):
@@ -139,7 +139,7 @@ def test_the_split_and_the_memory_plan_of_a_plugin_sampler(smollm2_cut, plugins)
     run = build_run(cfg, logger=False, callbacks=[split])
     import my_plugin
 
-    params = budget.parameter_count(cfg)
+    params = budget.parameter_count(cfg.policy)
     plan = run.module.memory
     assert plan.chunked and params > 0
     assert plan.static == budget.PROCESS_BYTES + 16 * params + 4 * params + my_plugin.BUFFER

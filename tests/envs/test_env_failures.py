@@ -58,7 +58,8 @@ def test_failed_step_ends_the_episode_without_a_score(tok):
 
 def stream(spec, policy, **kw):
     cfg = quick_cfg(**kw)
-    source = SyncSource(OnPolicySampler(spec.tok), spec, cfg)
+    sections = dict(run=cfg.run, batch=cfg.batch, environment=cfg.environment, rollout=cfg.rollout)
+    source = SyncSource(OnPolicySampler(spec.tok), spec, **sections)
     source.setup(policy, 0)
     return source
 

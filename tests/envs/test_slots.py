@@ -164,7 +164,8 @@ def test_a_tool_that_hangs_or_raises_is_an_environment_failure_with_its_task_car
     Flaky.mode = mode
     cfg = quick_cfg(tool_timeout=0.5, slots=8, episodes_per_task=2, tasks_per_step=4)
     flaky = dataclasses.replace(spec, make=lambda: Flaky(spec.tok, cfg.max_turns))
-    source = SyncSource(OnPolicySampler(spec.tok), flaky, cfg)
+    sections = dict(run=cfg.run, batch=cfg.batch, environment=cfg.environment, rollout=cfg.rollout)
+    source = SyncSource(OnPolicySampler(spec.tok), flaky, **sections)
     source.setup(copy.deepcopy(format_policy), 0)
     first = source.picker.task(source.picker.choose()[0])  # the task the next batch draws first
     source.generator.set_state(torch.Generator().manual_seed(cfg.seed).get_state())

@@ -343,7 +343,7 @@ def test_each_mode_reads_the_work_its_own_state_holds():
 
     unit = dataclasses.asdict(Work([Group(8, 1, 2)], 4))
     free = {"units": [unit], "groups": {"done": {}, "elapsed": {5: 1.0}, "tasks": {5: 3, 6: 0}}}
-    assert held_work({"deterministic": False, "episodes_per_task": 2}, free) == [
+    assert held_work(False, 2, free) == [
         Work([Group(5, 3, 2), Group(6, 0, 2)], -1),
         Work([Group(8, 1, 2)], 4),
     ]
@@ -352,10 +352,10 @@ def test_each_mode_reads_the_work_its_own_state_holds():
         "current": {"work": current},
         "batches": [dataclasses.asdict(Work([Group(1, 1, 2)], 1, 0))],
     }
-    assert held_work({"deterministic": True, "episodes_per_task": 2}, deterministic) == [
+    assert held_work(True, 2, deterministic) == [
         Work([Group(0, 2, 2)], 0, 0),
         Work([Group(1, 1, 2)], 1, 0),
     ]
-    assert held_work({"deterministic": True, "episodes_per_task": 2}, None) == []
+    assert held_work(True, 2, None) == []
     old = {"units": [], "groups": {"done": {}, "elapsed": {5: 1.0}}}  # before groups recorded their tasks
-    assert held_work({"deterministic": False, "episodes_per_task": 2}, old) is None
+    assert held_work(False, 2, old) is None

@@ -29,6 +29,7 @@ from lrl.pipeline.policies import (
 )
 from lrl.pipeline.schedule import DeterministicSchedule, FreeSchedule
 from lrl.registry import STALENESS, RegistryError
+from lrl.sections import RolloutOptions
 
 BUILT_IN = {
     Drop: "drop",
@@ -41,8 +42,8 @@ BUILT_IN = {
 
 
 def cfg_of(**kw):
-    base = dict(stale_policy="drop", staleness_drop=True, take_patience=None, take_patience_steps=None)
-    return SimpleNamespace(**{**base, **kw})
+    """The rollout options a policy is built with (lrl.sections.RolloutOptions)."""
+    return RolloutOptions(**kw)
 
 
 def test_every_built_in_policy_is_registered_under_its_name_and_chosen_by_the_config():

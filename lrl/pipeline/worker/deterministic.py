@@ -50,7 +50,7 @@ class Deterministic(Mode):
         from lrl.envs.workers import LogicalClock, make_tools
 
         worker = self.worker
-        seed = self.cfg.seed
+        seed = self.cfg.run.seed
         b = work.batch
         self.current = work
         generator = torch.Generator().manual_seed(batch_seed(stream_seed(seed, SAMPLING), worker.rank, b))
@@ -67,9 +67,9 @@ class Deterministic(Mode):
 
     def _switch_on_schedule(self) -> None:
         """With interrupt: every switch_tokens decode steps, the next scheduled version (waited for)."""
-        every = self.cfg.switch_tokens
+        every = self.cfg.rollout.switch_tokens
         steps = self.rollout.decode_steps
-        if self.cfg.partial_rollouts != "interrupt" or not steps or steps % every:
+        if self.cfg.rollout.partial_rollouts != "interrupt" or not steps or steps % every:
             return
         b = self.current.batch
         v0 = self.current.start_version
@@ -136,7 +136,7 @@ class Deterministic(Mode):
             worker.sampler.decoder(),
             worker.failing_spec,
             task_of,
-            lockstep=not self.cfg.slots,
+            lockstep=not self.cfg.rollout.slots,
             tools=make_tools(self.cfg.environment, self.tool_generator, clock),
             clock=clock,
         )

@@ -24,9 +24,9 @@ class FreeRunning(Mode):
     def __init__(self, worker):
         super().__init__(worker)
         self.units: deque[Work] = deque()  # not started
-        self.stale = make_stale_policy(self.cfg)  # what it does with work past the bound (--stale-policy)
+        self.stale = make_stale_policy(self.cfg.rollout)  # what it does with work past the bound (--stale-policy)
         self.seen = -1  # the newest version seen on the board, told to the policy
-        seed = self.cfg.seed
+        seed = self.cfg.run.seed
         self.generator = torch.Generator().manual_seed(
             batch_seed(stream_seed(seed, SAMPLING), worker.rank, FREE_WORKER + worker.index)
         )
@@ -49,7 +49,7 @@ class FreeRunning(Mode):
     def step(self) -> None:
         worker = self.worker
         newer = worker.board.version > worker.version
-        drain = self.cfg.partial_rollouts == "drain"
+        drain = self.cfg.rollout.partial_rollouts == "drain"
         loaded = False
         if newer and (not drain or self.rollout.done):
             self.rollout.pausing(True)  # the slots in flight wait while the weights load
@@ -70,8 +70,8 @@ class FreeRunning(Mode):
     def _open_units(self) -> None:
         """Open units until their waiting episodes fill the room the engine has (in lockstep: one unit, once
         the last one is done)."""
-        room = self.rollout.room(self.cfg.slots)
-        while room > len(self.waiting) and self.units and (self.cfg.slots or not self.waiting):
+        room = self.rollout.room(self.cfg.rollout.slots)
+        while room > len(self.waiting) and self.units and (self.cfg.rollout.slots or not self.waiting):
             self.open_groups(self.units.popleft().groups)
 
     def done_group(self, serial: int, episodes: list, seconds: float) -> None:
@@ -105,7 +105,7 @@ class FreeRunning(Mode):
             worker.sampler.decoder(),
             worker.failing_spec,
             worker.task_ids.__getitem__,
-            lockstep=not self.cfg.slots,
+            lockstep=not self.cfg.rollout.slots,
             tools=make_tools(self.cfg.environment, self.tool_generator),
         )
         self.rollout.trace = True

@@ -24,7 +24,7 @@ class Mode:
         self.cfg = worker.cfg
         from lrl.pipeline.worker.groups import Groups
 
-        self.groups = Groups(self.cfg.episodes_per_task)
+        self.groups = Groups(self.cfg.batch.episodes_per_task)
         self.rollout = None
         self.waiting: deque[tuple[int, int, int]] = (
             deque()
@@ -79,7 +79,7 @@ class Mode:
             generator,
             worker.sampler.sampling,
             worker.version,
-            lockstep=not self.cfg.slots,
+            lockstep=not self.cfg.rollout.slots,
             tools=tools,
             clock=clock,
         )
@@ -94,7 +94,7 @@ class Mode:
 
     def admit(self) -> int:
         """Start as many waiting episodes as the engine has room for (lrl.rollout.Rollout.room) -> how many."""
-        n = min(self.rollout.room(self.cfg.slots), len(self.waiting))
+        n = min(self.rollout.room(self.cfg.rollout.slots), len(self.waiting))
         starting = [self.waiting.popleft() for _ in range(n)]
         if starting:
             tasks = [self.worker.tasks[task] for _, _, task in starting]
@@ -106,7 +106,7 @@ class Mode:
         (the trainer is at `version` or later when it takes it, so an action token older than ``version -
         max_staleness`` is past the bound for good) and put its task first in line, to start again on the
         newest weights -> how many were stopped. What they had decoded is counted as aborted work."""
-        oldest = version - self.cfg.max_staleness
+        oldest = version - self.cfg.rollout.max_staleness
         stopped = self.rollout.abort(lambda episode: oldest_tag([episode]) >= oldest)
         for episode in reversed(stopped):
             serial, j = episode.tag
@@ -121,8 +121,8 @@ class Mode:
         token is ``version - max_staleness`` can be trained on, send every such group that has at least half of
         its episodes finished without the rest: its unfinished episodes are stopped (those not started are never
         started) and recorded as not trained -> how many episodes were cut."""
-        last = version - self.cfg.max_staleness  # groups this old must be taken now or never
-        size = self.cfg.episodes_per_task
+        last = version - self.cfg.rollout.max_staleness  # groups this old must be taken now or never
+        size = self.cfg.batch.episodes_per_task
         running: dict[int, list] = {}
         for slot in self.rollout.slots.values():
             running.setdefault(slot.episode.tag[0], []).append(slot.episode)
@@ -140,7 +140,7 @@ class Mode:
     def cut_groups(self, serials: list[int]) -> list[int]:
         """The controller's :class:`~lrl.pipeline.messages.Cut`: send each of `serials` this worker holds with at
         least half of its episodes finished without the rest (as ``cut`` does) -> the serials not sent."""
-        size = self.cfg.episodes_per_task
+        size = self.cfg.batch.episodes_per_task
         held = {slot.episode.tag[0] for slot in self.rollout.slots.values()} if self.rollout is not None else set()
         held |= {serial for serial, _, _ in self.waiting}
         chosen = [s for s in serials if s in held and 2 * len(self.groups.done.get(s, [])) >= size]
@@ -190,8 +190,9 @@ class Mode:
     def capacity(self) -> int:
         """Slots: --slots, or in lockstep the size of the worker's share of a batch."""
         cfg = self.cfg
-        workers = cfg.rollout_workers * self.worker.world
-        return cfg.slots or unit_episodes(cfg.tasks_per_step, workers, cfg.episodes_per_task)
+        workers = cfg.rollout.rollout_workers * self.worker.world
+        batch = cfg.batch
+        return cfg.rollout.slots or unit_episodes(batch.tasks_per_step, workers, batch.episodes_per_task)
 
     def close(self) -> None:
         if self.rollout is not None:

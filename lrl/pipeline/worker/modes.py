@@ -16,9 +16,9 @@ def mode_class(deterministic: bool):
     return FreeRunning
 
 
-def held_work(cfg: dict, state: dict | None) -> list[Work] | None:
+def held_work(deterministic: bool, episodes_per_task: int, state: dict | None) -> list[Work] | None:
     """The work a worker restored from a checkpoint state holds, to give again to a replacement -> [Work]; [] for
     a fresh worker; None when the state does not say. The mode that wrote the state reads it."""
     if state is None:
         return []
-    return mode_class(cfg["deterministic"]).held_work(state, cfg["episodes_per_task"])
+    return mode_class(deterministic).held_work(state, episodes_per_task)

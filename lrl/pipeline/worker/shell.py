@@ -88,7 +88,7 @@ class Worker:
         self.world = setup.world
         self.spec = make_env(self.cfg, run_tokenizer(self.cfg.policy))
         self.env_generator = torch.Generator().manual_seed(
-            batch_seed(stream_seed(self.cfg.seed, ENV_FAILURES), self.rank, index)
+            batch_seed(stream_seed(self.cfg.run.seed, ENV_FAILURES), self.rank, index)
         )
         self.failing_spec = self._failing_spec()
         self.tasks = list(self.spec.train_tasks)
@@ -101,7 +101,7 @@ class Worker:
         self.last_beat = 0.0
         self._snapshot: WorkerStats | None = None  # the totals of the last beat, for the keep-alive thread
         self._done = False
-        self.mode = mode_class(self.cfg.deterministic)(self)
+        self.mode = mode_class(self.cfg.rollout.deterministic)(self)
         if setup.restore is not None:
             self.mode.restore(setup.restore)
         else:
@@ -111,8 +111,8 @@ class Worker:
         """The env spec whose envs inject the run's worker failures (drawn from the worker's env generator)."""
         from lrl.envs import FailureInjection
 
-        rate = self.cfg.env_failure_rate
-        hazard = self.cfg.env_failure_hazard
+        rate = self.cfg.environment.env_failure_rate
+        hazard = self.cfg.environment.env_failure_hazard
         generator = self.env_generator if rate or hazard else None
         make = self.spec.make
         return dataclasses.replace(self.spec, make=lambda: FailureInjection(make(), rate, hazard, generator))

@@ -25,6 +25,7 @@ import dataclasses
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from lrl.pipeline.backends.base import CHECK_SECONDS, CLOSE_SECONDS, Liveness, WorkerError, failed_error
 from lrl.pipeline.backends.ray.actor import RolloutActor
@@ -32,6 +33,9 @@ from lrl.pipeline.backends.ray.board import ObjectStoreBoard
 from lrl.pipeline.backends.ray.cluster import RayRuntime, RayStartError
 from lrl.pipeline.messages import BatchDone, Beat, Failed, GroupDone, Pause, Paused, Stop, Work
 from lrl.pipeline.worker import held_work
+
+if TYPE_CHECKING:
+    from lrl.sections import RolloutOptions
 
 PLACE_SECONDS = 60.0  # an actor Ray has not placed by then asks for more than the cluster has free
 UNREACHABLE_SECONDS = 3.0  # an actor Ray cannot reach for this long is lost (its node went away)
@@ -59,12 +63,12 @@ class _Actor:
 class RayWorkers:
     """`n` rollout workers as Ray actors; the controller's only way to reach them (see the module docstring)."""
 
-    def __init__(self, cfg):
-        self.liveness = Liveness(cfg.worker_timeout)
-        self.restarts = cfg.worker_restarts
-        self.options = {"num_cpus": cfg.worker_cpus, "num_gpus": cfg.worker_gpus}
-        own_cpus = max(os.cpu_count() or 1, cfg.rollout_workers * cfg.worker_cpus)
-        self.runtime = RayRuntime(cfg.ray_address, own_cpus)
+    def __init__(self, rollout: RolloutOptions):
+        self.liveness = Liveness(rollout.worker_timeout)
+        self.restarts = rollout.worker_restarts
+        self.options = {"num_cpus": rollout.worker_cpus, "num_gpus": rollout.worker_gpus}
+        own_cpus = max(os.cpu_count() or 1, rollout.rollout_workers * rollout.worker_cpus)
+        self.runtime = RayRuntime(rollout.ray_address, own_cpus)
         self.actors: list[_Actor] = []
         self.setups: list = []
         self.board: ObjectStoreBoard | None = None
@@ -99,7 +103,10 @@ class RayWorkers:
         if self._actor_class is None:
             self._actor_class = ray.remote(max_concurrency=8)(RolloutActor)
         self.setups = list(setups)
-        self.actors = [_Actor(held=held_work(s.cfg, s.restore)) for s in setups]
+        self.actors = [
+            _Actor(held=held_work(s.cfg["deterministic"], s.cfg["episodes_per_task"], s.restore))
+            for s in setups
+        ]
         self.liveness.reset(len(setups))
         for i in range(len(setups)):
             self._launch(i, setups[i])
