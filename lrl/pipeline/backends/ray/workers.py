@@ -99,7 +99,7 @@ class RayWorkers:
         if self._actor_class is None:
             self._actor_class = ray.remote(max_concurrency=8)(RolloutActor)
         self.setups = list(setups)
-        self.actors = [_Actor(held=held_work(s.cfg, s.restore)) for s in setups]
+        self.actors = [_Actor(held=held_work(s.cfg.to_dict(), s.restore)) for s in setups]
         self.liveness.reset(len(setups))
         for i in range(len(setups)):
             self._launch(i, setups[i])
