@@ -271,6 +271,12 @@ STALE_POLICIES = tuple(cls.name for cls in (Drop, Mask, Abort, OldestFirst, Cut,
 DEFAULT_POLICY = Drop.name  # --stale-policy's default
 
 
+def is_default(name: str) -> bool:
+    """Whether `name` is the policy of a run that leaves ``--stale-policy`` unset (the lab files such runs under no
+    policy's name). The one place a policy's name is compared, so no part switches on which policy it holds."""
+    return name == DEFAULT_POLICY
+
+
 def takes_patience(name: str) -> bool:
     """Whether the policy registered as `name` reads a take patience (``--take-patience``,
     ``--take-patience-steps``); False for a name that is not registered."""
@@ -310,6 +316,7 @@ __all__ = [
     "WorkerView",
     "issue_limit",
     "make_stale_policy",
+    "is_default",
     "oldest_tag",
     "patience_seconds",
     "register_stale_policy",

@@ -264,3 +264,41 @@ def test_samplers_and_callbacks_are_imported_under_lrl():
     assert not found, f"import lrl.samplers / lrl.callbacks instead: {found}"
     assert (ROOT / "lrl" / "samplers").resolve() == (ROOT / "samplers").resolve()  # one home for the code
     assert (ROOT / "lrl" / "callbacks").resolve() == (ROOT / "callbacks").resolve()
+
+
+def policy_compares(tree: ast.AST, names: set[str]) -> list[int]:
+    """The lines of `tree` that compare a value with a staleness policy's name: DEFAULT_POLICY or one of `names`
+    (alone or in a tuple, list or set)."""
+
+    def is_name(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(is_name(e) for e in node.elts)
+        return (
+            (isinstance(node, ast.Name) and node.id == "DEFAULT_POLICY")
+            or (isinstance(node, ast.Attribute) and node.attr == "DEFAULT_POLICY")
+            or (isinstance(node, ast.Constant) and node.value in names)
+        )
+
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare) and any(is_name(n) for n in (node.left, *node.comparators))
+    ]
+
+
+def test_no_part_compares_a_staleness_policy_name():
+    """What a policy does is asked of the policy object or the registry: no module of the library or the lab, but
+    lrl/pipeline/policies.py and the registry, compares a value with a policy's name (so a plugin's policy is
+    trained and simulated as a built-in one is)."""
+    from lrl.pipeline.policies import STALE_POLICIES
+
+    names = set(STALE_POLICIES)
+    assert sorted(policy_compares(ast.parse('a = p != DEFAULT_POLICY\nb = q in ("cut", "x")\n'), names)) == [1, 2]
+    assert policy_compares(ast.parse('if p == "kl" or is_default(p):\n    pass\n'), names) == []
+    found = [
+        (name, line)
+        for name, path in sources().items()
+        if name not in ("lrl.pipeline.policies", "lrl.registry")
+        for line in policy_compares(ast.parse(path.read_text()), names)
+    ]
+    assert not found, f"a policy's name compared (ask the policy or lrl.pipeline.policies instead): {found}"

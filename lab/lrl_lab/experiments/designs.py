@@ -34,7 +34,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from lrl.pipeline.policies import DEFAULT_POLICY
+from lrl.pipeline.policies import DEFAULT_POLICY, is_default
 from lrl_lab.experiments.designs_predict import calibration_of, predicted, predicted_from
 from lrl_lab.experiments.inputs import read_history
 from lrl_lab.experiments.labels import run_folder, split_policy
@@ -91,7 +91,7 @@ def run_flags(
     flags = [*base, *spec["flags"], "--seed", str(repeat), "--slots", str(slots)]
     if not spec.get("sync"):
         flags += ["--staleness-drop", "true" if drop else "false"]
-        if policy != DEFAULT_POLICY:
+        if not is_default(policy):
             name, wait = split_policy(policy)
             flags += ["--stale-policy", name]
             if wait is not None:
@@ -110,7 +110,7 @@ def run_once(
     env: str = "tinyagent",
     slots: int = SLOTS,
     frozen: bool = False,
-    policy: str = "drop",
+    policy: str = DEFAULT_POLICY,
 ) -> dict:
     """One train.py run of a design -> {design, repeat, history, wall_s}; an earlier run's history is reused."""
     name = f"{file_name(design)}-r{repeat}"
@@ -286,7 +286,7 @@ def pass_rates(rates: list[float]) -> dict:
     return {"measured_pass_rate": mu, "measured_pass_rate_se": se, "pass_rate_repeats": len(rates)}
 
 
-def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> list[dict]:
+def summarise(runs: list[dict], drop: bool, cal=None, policy: str = DEFAULT_POLICY) -> list[dict]:
     """One object per design: medians over repeats of what was measured and what was predicted (from the
     calibration `cal` by the load model; without one, from each run's own episode times by the duration model,
     the way this experiment was first checked, kept beside it as ``inrun_*``). `cal` may also be a function of
@@ -297,7 +297,7 @@ def summarise(runs: list[dict], drop: bool, cal=None, policy: str = "drop") -> l
         if not mine:
             continue
         m = [measured(r) for r in mine]
-        pol = "drop" if DESIGNS[design].get("sync") else policy
+        pol = DEFAULT_POLICY if DESIGNS[design].get("sync") else policy
         inrun = [predicted(r, drop, pol) for r in mine]
         calibration = cal if callable(cal) or cal is None else (lambda _r, c=cal: c)
         p = [predicted_from(r, drop, calibration(r["repeat"]), pol) for r in mine] if cal is not None else inrun
@@ -371,7 +371,7 @@ def main(args, extra: list[str]) -> int:
     env = getattr(args, "env", "tinyagent")
     slots = args.slots or SLOTS
     frozen = bool(getattr(args, "freeze_policy", False))
-    policy = getattr(args, "stale_policy", "drop")
+    policy = getattr(args, "stale_policy", DEFAULT_POLICY)
     if getattr(args, "take_patience", None) is not None:
         policy = f"{policy}@{args.take_patience:g}"  # ordered with a patience: a folder of its own
     if getattr(args, "take_patience_steps", None) is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from lrl.pipeline.policies import DEFAULT_POLICY
 from lrl_lab.experiments.labels import sim_policy
 from lrl_lab.experiments.workload import (
     DESIGNS,
@@ -25,7 +26,7 @@ def window_rate(sim: dict) -> float:
     return sum(sim["step_trained"][SKIP + 1 :]) / (ends[-1] - ends[SKIP])
 
 
-def predicted(run: dict, drop: bool, policy: str = "drop") -> dict:
+def predicted(run: dict, drop: bool, policy: str = DEFAULT_POLICY) -> dict:
     """The simulator's prediction of a run from the run's own measured durations, trainer time and loads."""
     from lrl_lab.sim.board import simulate_board
 
@@ -116,7 +117,7 @@ def with_service(turns: list, service: list[float]) -> list:
     return out
 
 
-def predicted_from(run: dict, drop: bool, cal: dict, policy: str = "drop") -> dict:
+def predicted_from(run: dict, drop: bool, cal: dict, policy: str = DEFAULT_POLICY) -> dict:
     """The load model's prediction of a run from a calibration only: the engine curve and co-run slowdown of the
     benchmark, the trainer's seconds and the workload's turns of each calibration run (the prediction is the mean
     over them; staleness max the largest). Nothing of `run` enters but its configuration (design, slots,

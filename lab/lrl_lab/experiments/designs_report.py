@@ -6,6 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
+from lrl.pipeline.policies import DEFAULT_POLICY
 from lrl_lab.experiments.labels import shown
 from lrl_lab.experiments.workload import LATENCY
 
@@ -48,7 +49,7 @@ def markdown(rows: list[dict]) -> str:
         cells.append(calibration_spread(r))
         cells.append(f"{r['measured_dropped']} / {r['predicted_dropped']}")
         cells.append(f"{100 * (r['inrun_episodes_per_s'] / r['measured_episodes_per_s'] - 1):+.1f}%")
-        cells.append(shown(r.get("stale_policy", "drop")))
+        cells.append(shown(r.get("stale_policy", DEFAULT_POLICY)))
         wasted = r.get("predicted_wasted_share", math.nan)
         guess = "-" if wasted != wasted else f"{100 * wasted:.1f}%"  # the duration model counts no tokens
         cells.append(f"{100 * r.get('measured_wasted_share', 0.0):.1f}% / {guess}")

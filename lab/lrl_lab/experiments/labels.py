@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from lrl.pipeline.policies import DEFAULT_POLICY, takes_patience
+from lrl.pipeline.policies import DEFAULT_POLICY, is_default, takes_patience
 from lrl_lab.experiments.workload import SLOTS
 from lrl_lab.sim.board import Steps  # a patience in trainer steps
 
@@ -70,7 +70,7 @@ def run_folder(
     """The folder name under results/designs of a setting's runs: ``[codefix-]hard|throttle[-frozen][-sN][-P]``."""
     name = env_prefix(env) + ("hard" if drop else "throttle") + ("-frozen" if frozen else "")
     name += f"-s{slots}" if slots != SLOTS else ""
-    if policy == DEFAULT_POLICY:
+    if is_default(policy):
         return name
     base, wait = split_policy(policy)
     return name + f"-{base}" + (f"-w{patience_text(wait)}" if wait is not None else "")

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from lrl.cli import OneLineParser
-from lrl.pipeline.policies import DEFAULT_POLICY, STALE_POLICIES, takes_patience
+from lrl.pipeline.policies import DEFAULT_POLICY, STALE_POLICIES, is_default, takes_patience
 from lrl_lab.experiments.calibrate import (
     SKIP,
     async_train_time,
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stale-policy",
         choices=STALE_POLICIES,
-        default="drop",
+        default=DEFAULT_POLICY,
         help="with --designs: train.py --stale-policy of the async designs (runs go to a folder of their own)",
     )
     p.add_argument(
@@ -255,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_designs(args, p: argparse.ArgumentParser) -> None:
     """--designs' options, by train.py's rules where train.py has them, and --predict-from's calibrations (every
     seed's a run will use), before any run."""
-    if args.stale_policy != DEFAULT_POLICY and not args.staleness_drop:
+    if not is_default(args.stale_policy) and not args.staleness_drop:
         p.error("--stale-policy applies to the hard bound: it cannot go with --staleness-drop false")
     if args.take_patience is not None and args.take_patience_steps is not None:
         p.error("--take-patience-steps applies to --stale-policy ordered, instead of --take-patience")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lrl.pipeline.policies import STALE_POLICIES, takes_patience
+from lrl.pipeline.policies import DEFAULT_POLICY, STALE_POLICIES, takes_patience
 from lrl_lab.experiments.designs import DESIGNS, load_runs, measured, summarise, waste_sources
 from lrl_lab.experiments.designs_predict import calibration_of, predicted
 from lrl_lab.experiments.designs_report import calibration_spread
@@ -61,7 +61,7 @@ def compare(
     the calibration `cal` by the load model when one is given, else from each run itself) and its ratio to the
     synchronous runs of the drop folder. `cal` may be a function of a run's seed (its calibration);
     `frozen`: the runs of ``--freeze-policy true``."""
-    home = folder("drop", root, env, frozen)
+    home = folder(DEFAULT_POLICY, root, env, frozen)
     sync_runs = load_runs(home, ["synchronous"])
     if not sync_runs:
         raise SystemExit(f"{home}: no synchronous runs to compare with (run --designs chapter)")
