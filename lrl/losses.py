@@ -16,9 +16,14 @@ LOSSES = ("clipped", "pg", "cispo")
 
 
 def group_advantages(
-    reward: torch.Tensor, group: torch.Tensor, valid: torch.Tensor | None = None, eps: float = 1e-6
+    reward: torch.Tensor,
+    group: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    scale: bool = True,
 ) -> torch.Tensor:
     """Group-normalised advantages (r - mean_g) / (std_g + eps): [B] -> [B]; 0 for groups without variance.
+    ``scale=False``: r - mean_g only, so a group's advantages keep the size of its rewards' differences.
 
     Episodes with ``valid == 0`` (environment failures) take no part in their group's statistics and get 0.
     """
@@ -31,7 +36,7 @@ def group_advantages(
         r = reward[rows]
         std = r.std(unbiased=False)
         if std > 0:
-            adv[rows] = (r - r.mean()) / (std + eps)
+            adv[rows] = (r - r.mean()) / (std + eps) if scale else r - r.mean()
     return adv
 
 

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from lrl.envs.base import Env, EnvSpec, FailureInjection, StepResult
 from lrl.registry import ENVS
 
@@ -38,7 +40,18 @@ def make_env(cfg, tok=None) -> EnvSpec:
                     f"{name}: {getattr(cfg, name)[:40]!r} needs a chat model, and the run's tokenizer ("
                     f"{tokenizer_option(cfg)}) has no chat template; leave it unset or give --model a chat model"
                 )
-    return entry.factory(cfg, tok)
+    return with_turn_tokens(entry.factory(cfg, tok), cfg.turn_tokens, cfg.max_turns)
+
+
+def with_turn_tokens(spec: EnvSpec, turn_tokens: int | None, max_turns: int) -> EnvSpec:
+    """The spec with its reply budget set to ``turn_tokens`` (None: as the environment made it); the bound on an
+    episode's length moves by the change of every turn's budget."""
+    if turn_tokens is None or turn_tokens == spec.max_action_tokens:
+        return spec
+    longest = spec.max_episode_tokens
+    if longest is not None:
+        longest += max_turns * (turn_tokens - spec.max_action_tokens)
+    return dataclasses.replace(spec, max_action_tokens=turn_tokens, max_episode_tokens=longest)
 
 
 def check_system_prompt(cfg, tok) -> None:

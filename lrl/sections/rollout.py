@@ -32,6 +32,12 @@ class EnvironmentOptions:
         "model was not trained on)",
     )
     max_turns: int = option(3, "turn limit of an episode", gt=0, le=10_000)
+    turn_tokens: int | None = option(
+        None,
+        "the longest reply of one turn in tokens, its end-of-turn token included (none: the environment's own)",
+        gt=0,
+        le=1_000_000,
+    )
     env_failure_rate: float = option(
         0.0, "injected environment-worker failures: probability per turn (0: off)", ge=0, lt=1
     )

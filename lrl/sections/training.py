@@ -23,6 +23,12 @@ class BatchOptions:
         ge=0,
         le=10,
     )
+    advantage_norm: str = option(
+        "std",
+        "a group's advantages: std (reward minus the group's mean, divided by the group's standard deviation) or "
+        "mean (minus the mean only: a group with one success among many is not scaled up)",
+        choices=("std", "mean"),
+    )
 
 
 @dataclass

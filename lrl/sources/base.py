@@ -116,7 +116,9 @@ def score_batch(episodes, spec, cfg) -> Batch:
     """
     batch = collate(episodes, spec.tok.pad_id, spec.metrics)
     shaped = batch["reward"] - cfg.invalid_penalty * batch["invalid"]  # what the advantages are made of
-    batch["advantage"] = group_advantages(shaped, batch["task_id"], 1.0 - batch["env_failure"])
+    batch["advantage"] = group_advantages(
+        shaped, batch["task_id"], 1.0 - batch["env_failure"], scale=cfg.advantage_norm == "std"
+    )
     batch["env_turns"] = torch.tensor([float(len(e.actions)) for e in episodes])  # [B] steps of its env
     if spec.counters:  # the environment's own counts (sandbox runs, verdicts), summed per step as env/<m>
         batch["env_counts"] = {

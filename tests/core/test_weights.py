@@ -157,6 +157,14 @@ def test_group_advantages():
     assert adv[2:].abs().sum() == 0  # no variance in groups 1, 2; a group of one has no baseline
 
 
+def test_group_advantages_without_the_std_keep_the_reward_differences():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.5, 0.5])
+    g = torch.tensor([0, 0, 0, 0, 1, 1])
+    scaled, centred = group_advantages(r, g), group_advantages(r, g, scale=False)
+    assert centred.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25, 0.0, 0.0])
+    assert scaled[0].item() == pytest.approx(0.75 / 0.4330127, rel=1e-4)  # one success in four, scaled up
+
+
 def test_sequence_level_shares_count_episodes_by_their_product():
     lp, lm = logps([[3.0, 1.0, 1.0], [1.0, 0.1, 1.0], [1.5, 1.2, 1.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], dtype=torch.float64)

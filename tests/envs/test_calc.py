@@ -172,6 +172,18 @@ def longest_observations():
     ]
 
 
+def test_turn_tokens_set_the_reply_budget_and_move_the_episode_bound(smollm2_cut):
+    from lrl.config import Config
+    from lrl.envs import make_env, run_tokenizer
+
+    own = make_env(Config(model=str(smollm2_cut), env="calc"), run_tokenizer(Config(model=str(smollm2_cut))))
+    cfg = Config(model=str(smollm2_cut), env="calc", turn_tokens=64, max_turns=2)
+    spec = make_env(cfg, run_tokenizer(cfg))
+    base = make_env(Config(model=str(smollm2_cut), env="calc", max_turns=2), run_tokenizer(cfg))
+    assert own.max_action_tokens == 40 and spec.max_action_tokens == 64
+    assert spec.max_episode_tokens == base.max_episode_tokens + 2 * (64 - 40)
+
+
 def test_the_episode_bound_holds_the_longest_observation(smollm2_cut):
     from lrl.config import Config
     from lrl.envs import make_env, run_tokenizer

@@ -31,10 +31,11 @@ import math
 import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from lrl.cli import OneLineParser
+from lrl.pipeline.backends.spawn import die_with_parent
 
 # two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -278,8 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     ]  # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
     print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")
     start = time.time()
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for i, r in enumerate(pool.map(one_run, cells), 1):
+    context = multiprocessing.get_context("spawn")
+    # workers die with this process (a killed command leaves no run burning the cores), and each run is written
+    # as it finishes, not in the order the runs were started
+    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=die_with_parent) as pool:
+        futures = [pool.submit(one_run, cell) for cell in cells]
+        for i, future in enumerate(as_completed(futures), 1):
+            r = future.result()
             with done_path.open("a") as f:
                 f.write(json.dumps(r) + "\n")
             done.append(r)
