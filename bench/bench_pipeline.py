@@ -82,7 +82,7 @@ def group_durations(n: int, seed: int = 0) -> list[float]:
     from lrl.samplers import make_sampler
 
     cfg = resolve(parse_args(["--seed", str(seed)]))  # a named model -> its folder, as a run's preflight does
-    tok = run_tokenizer(cfg)
+    tok = run_tokenizer(cfg.policy)
     spec = make_env(cfg, tok)
     policy = (load_model(cfg, spec.tok) or spec.warm_start()).eval()  # the run's base, as train.py starts
     sampler = make_sampler(cfg, spec.tok)
@@ -168,7 +168,7 @@ def _state(parameters: int | None) -> dict:
         from lrl.run import run_tokenizer
 
         cfg = parse_args([])
-        return make_env(cfg, run_tokenizer(cfg)).warm_start().state_dict()
+        return make_env(cfg, run_tokenizer(cfg.policy)).warm_start().state_dict()
     side = 1024
     rows = parameters // side
     return {f"w{i}": torch.randn(rows // 8, side) for i in range(8)}  # eight matrices, float32

@@ -13,9 +13,8 @@ makes the set a Config switches on; docs/monitoring.md lists every key.
 
 from __future__ import annotations
 
-from importlib import import_module
-
-from lrl.registry import CALLBACKS
+from lrl.lazy import lazy_names
+from lrl.registry import CALLBACKS, supply
 
 # the callbacks load on first use: importing this package (as the config's validation does, to know the registered
 # names) imports nothing of Lightning
@@ -31,10 +30,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lrl.callbacks' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 def build_callbacks(cfg) -> list:
@@ -62,13 +58,13 @@ def build_callbacks(cfg) -> list:
         from lrl.callbacks.mismatch_split import MismatchSplit
 
         out.append(MismatchSplit(m.mismatch_split_every, m.mismatch_split_rows))
-    out += [CALLBACKS.get(name).factory(cfg) for name in m.callbacks]
+    out += [supply(CALLBACKS.get(name).factory, cfg) for name in m.callbacks]  # each takes what it names
     if m.monitor_timing:
         out.append(TimingMonitor())
     return out
 
 
-register = CALLBACKS.register  # @callbacks.register("name") on fn(cfg) -> a Lightning callback
+register = CALLBACKS.register  # @callbacks.register("name") on fn(monitoring, ...) -> a Lightning callback
 
 
 __all__ = [

@@ -75,10 +75,10 @@ class MismatchSplit(L.Callback):
 
     # -- what the split needs ----------------------------------------------------------------------------
     def on_fit_start(self, trainer, pl_module) -> None:
-        cfg = pl_module.cfg
+        rollout = pl_module.cfg.rollout
         traits = self.traits or pl_module.source.sampler_traits()
         if self.window is None:
-            self.window = (cfg.max_staleness if cfg.pipeline == "async" else traits.staleness) + 1
+            self.window = (rollout.max_staleness if rollout.pipeline == "async" else traits.staleness) + 1
         self.traits = resolved(traits, pl_module.policy)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -125,11 +125,11 @@ class MismatchSplit(L.Callback):
             here = mask & (versions == version)
             scratch.load_state_dict(self.kept[version])
             with autocast(pl_module.precision):
-                stale[here] = token_log_probs(scratch, ids, attention, pl_module.cfg.temperature, mask)[here]
+                stale[here] = token_log_probs(scratch, ids, attention, pl_module.cfg.sampling.temperature, mask)[here]
             if n.transform is not None:
                 n.transform(scratch)
             with autocast(pl_module.precision):
-                transformed[here] = token_log_probs(scratch, ids, attention, pl_module.cfg.temperature, mask)[here]
+                transformed[here] = token_log_probs(scratch, ids, attention, pl_module.cfg.sampling.temperature, mask)[here]
             engine[here] = self.decode_path(scratch, ids, attention, mask)[here]
         chain += [stale, transformed, engine, batch["sample_logp"][rows].cpu().float()]
         parts = {name: (chain[i] - chain[i + 1]) for i, name in enumerate(PARTS)}

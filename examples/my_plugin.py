@@ -1,7 +1,9 @@
 """A user's own samplers, correction, rejection mask, environment, metric and staleness policy, outside lrl:
 ``--plugins my_plugin``.
 
-Each registers itself with lrl when this module is imported; docs/extending.md explains them one by one.
+Each registers itself with lrl when this module is imported; docs/extending.md explains them one by one. A factory
+takes what its parameters name: a section of the config (``sampling``, ``environment``, ``monitoring``, ...), one
+option (``seed``), what the run hands over (``tok``), or the whole config (``cfg``) where it passes it on.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lrl.decoding import Sampling, TrainerStyleDecoder
 from lrl.envs import EnvSpec, StepResult
 from lrl.pipeline.policies import Drop, register_stale_policy
 from lrl.policy import make_policy
+from lrl.registry import supply
 from lrl.rollout import run_episodes
 from lrl.tokenizers import WordTokenizer
 from lrl.warmstart import fit_demonstrations
@@ -29,17 +32,17 @@ from lrl.warmstart import fit_demonstrations
 
 # -- a sampler: the weights `lag` updates old, drawing only among the `top_k` most likely tokens ----------
 @samplers.register("lagged_topk", uses=("lag", "top_k"))
-def lagged_topk(cfg, tok):
+def lagged_topk(sampling, tok):
     """the weights `lag` updates old, sampled among the top_k most likely tokens (trainer-style decoding)"""
-    s = cfg.sampling  # the sampler's section of the config (lrl.sections.SamplingOptions)
-    return samplers.BehaviorSampler(tok, s.lag, sampling=Sampling(s.temperature, top_k=s.top_k or 5))
+    # sampling: the sampler's section of the config (lrl.sections.SamplingOptions)
+    return samplers.BehaviorSampler(tok, sampling.lag, sampling=Sampling(sampling.temperature, top_k=sampling.top_k or 5))
 
 
 # -- a wrapped built-in sampler: the on-policy one, counting its weight syncs ----------------------------
 @samplers.register("onpolicy_counted", uses=samplers.SAMPLERS["onpolicy"].uses)
 def onpolicy_counted(cfg, tok):
     """the built-in on-policy sampler, counting the weight syncs it receives in `syncs`"""
-    sampler = samplers.SAMPLERS["onpolicy"].factory(cfg, tok)
+    sampler = supply(samplers.SAMPLERS["onpolicy"].factory, cfg, tok=tok)  # the whole config, passed on
     sampler.syncs = 0
     sync = sampler.sync
 
@@ -107,10 +110,10 @@ def declare_rounded(sampling):
     return samplers.Traits(sampling, transform=round_bf16, bytes_per_parameter=4, extra_bytes=BUFFER)
 
 
-@samplers.register("rounded_bf16", traits=lambda cfg: declare_rounded(Sampling(cfg.sampling.temperature)))
-def rounded_bf16(cfg, tok):
+@samplers.register("rounded_bf16", traits=lambda sampling: declare_rounded(Sampling(sampling.temperature)))
+def rounded_bf16(sampling, tok):
     """the trainer's weights rounded to bfloat16 and back, decoded trainer-style"""
-    return RoundedSampler(tok, Sampling(cfg.sampling.temperature))
+    return RoundedSampler(tok, Sampling(sampling.temperature))
 
 
 # -- a correction: truncate the ratio on both sides, into [1/cap, cap] -------------------------------------
@@ -174,7 +177,7 @@ class EchoEnv:
 
 
 @lrl.envs.register_env("echo", defaults={"max_turns": 1, "tasks_per_step": 4})
-def echo(cfg, tok=None) -> EnvSpec:
+def echo(tok=None) -> EnvSpec:
     """repeat the shown word (one turn; reward 1 for the word itself)"""
     tok = tok if tok is not None else WordTokenizer(["say", *WORDS])
     tasks = [EchoTask(i, w) for i, w in enumerate(WORDS)]
@@ -204,7 +207,7 @@ class SignalMonitor(L.Callback):
 
 
 @callbacks.register("signal")
-def signal(cfg):
+def signal():
     """train/with_signal: the share of episodes with a non-zero advantage"""
     return SignalMonitor()
 

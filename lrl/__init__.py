@@ -4,7 +4,7 @@ Every name loads on first use, so that ``import lrl`` imports nothing heavy (not
 process ties its life to the trainer's before it imports anything (``lrl.pipeline.backends.spawn``).
 """
 
-from importlib import import_module
+from lrl.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -32,7 +32,4 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lrl' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import unicodedata
 
-from lrl.registry import REGISTRIES
+from lrl.registry import REGISTRIES, supply
 from lrl.sections import OPTIONS
 
 
@@ -31,7 +31,7 @@ def _registry_rules(cfg) -> list[str]:
     for scope, registry in REGISTRIES.items():
         for entry in registry.chosen(getattr(cfg, scope)):
             if entry.check is not None:
-                problems += list(entry.check(cfg))
+                problems += list(supply(entry.check, cfg))
     return problems
 
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-LOSSES = ("clipped", "pg", "cispo")
+from lrl.sections.training import LOSSES
 
 
 def group_advantages(
@@ -130,10 +130,3 @@ def policy_loss(
     if kind == "cispo":
         return cispo_policy_loss(logp, old_logp, token_adv, mask, eps_high)
     raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {kind!r}")
-
-
-def mean_entropy(logp_all: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean entropy of the policy's next-token distribution over the action positions: log-probs [B, T, V] and
-    mask [B, T] -> [] (differentiable; ``entropy_coef`` subtracts it from the loss)."""
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B, T]
-    return (entropy * mask).sum() / mask.sum().clamp(min=1.0)

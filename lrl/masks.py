@@ -19,9 +19,8 @@ from __future__ import annotations
 import torch
 
 from lrl.registry import MASKS
+from lrl.sections.training import ESTIMATORS, KL_LEVELS
 
-ESTIMATORS = ("k1", "k2", "k3")
-KL_LEVELS = ("token", "seq_sum", "seq_mean", "seq_max")
 SAFE_LOG_RATIO = 80.0  # exp(80) ~ 5.5e34: k3 of a token stays finite in float64, summed over any episode
 register_mask = MASKS.register  # fn(logp_trainer, logp_sampler, mask, advantage, options) -> keep [B, T]
 

@@ -245,12 +245,6 @@ def selected_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature:
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def sequence_log_probs(model, ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0):
-    """Trainer-style log-prob of every next token, one full forward: ids [B, T] -> [B, T-1]."""
-    logits = model(input_ids=ids, attention_mask=attention_mask).logits  # [B, T, V]
-    return selected_log_probs(logits[:, :-1], ids[:, 1:], temperature)
-
-
 def with_fp32_head(model: torch.nn.Module, source: torch.nn.Module) -> torch.nn.Module:
     """Give a low-precision `model` an fp32 LM head with `source`'s weights; its input is cast to fp32."""
     head = source.get_output_embeddings()

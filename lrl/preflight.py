@@ -29,7 +29,7 @@ from pathlib import Path
 
 from lrl.config import Config, ConfigError
 from lrl.envs import tokenizer_option
-from lrl.registry import REGISTRIES
+from lrl.registry import REGISTRIES, supply
 
 # the checks in the order a run makes them (docs/options.md lists them from here)
 __all__ = ["resolve", "check_paths", "check_environment", "check_model", "check_checkpoint"]
@@ -61,7 +61,7 @@ def resolve(cfg: Config) -> Config:
         for scope, registry in REGISTRIES.items():
             for entry in registry.chosen(getattr(cfg, scope)):
                 if entry.check_machine is not None:
-                    problems += list(entry.check_machine(cfg))
+                    problems += list(supply(entry.check_machine, cfg))
     if problems:
         raise ConfigError("; ".join(problems))
     return cfg
@@ -136,7 +136,7 @@ def check_model(cfg: Config, spec, model) -> None:
     for scope, registry in REGISTRIES.items():
         for entry in registry.chosen(getattr(cfg, scope)):
             if entry.check_model is not None:
-                problems += list(entry.check_model(cfg, spec, model))
+                problems += list(supply(entry.check_model, cfg, spec=spec, model=model))
     if problems:
         raise ConfigError("; ".join(problems))
     try:
@@ -172,8 +172,9 @@ def check_tokenizer(cfg: Config, spec) -> None:
     for action in spec.actions:
         wrong = _round_trip(spec.tok, action)
         if wrong is not None:
+            source = tokenizer_option(cfg.policy, cfg.environment.env)
             raise ConfigError(
-                f"{tokenizer_option(cfg)} cannot spell the {spec.name} action {action!r}: encoded and "
+                f"{source} cannot spell the {spec.name} action {action!r}: encoded and "
                 f"decoded, it {wrong}; use a tokenizer whose vocabulary holds the action's words"
             )
 

@@ -2,19 +2,69 @@
 backends, staleness policies, extra callbacks, rejection masks).
 
 An entry is registered next to its own code with the config keys it reads (``uses``) and, optionally, a
-``check(cfg) -> list[str]`` of problems specific to it (from the values alone), a ``check_machine(cfg) -> list[str]``
-of what it needs of the machine (memory, a sandbox, a package, a folder: run once, by the preflight of the process
-that starts the run) and a ``check_model(cfg, spec, model) -> list[str]`` of models it cannot run. The config's validation, ``--help`` and the YAML loader list what is registered, so a user's
-own entry, imported as a plugin, is chosen exactly like a built-in one. This module imports nothing of lrl: the
-built-in entries register when their packages are imported, and :mod:`lrl.plugins` imports those and the plugins.
+``check`` of problems specific to it (from the values alone), a ``check_machine`` of what it needs of the machine
+(memory, a sandbox, a package, a folder: run once, by the preflight of the process that starts the run) and a
+``check_model`` of models it cannot run. The config's validation, ``--help`` and the YAML loader list what is
+registered, so a user's own entry, imported as a plugin, is chosen exactly like a built-in one. This module imports
+nothing of lrl: the built-in entries register when their packages are imported, and :mod:`lrl.plugins` imports
+those and the plugins.
+
+A factory and each check take what they read, by the names of their parameters (:func:`supply`): a section of the
+config (``sampling``, ``environment``, ...), one option (``seed``), what the caller hands over (``tok``, ``spec``,
+``model``), or, for an entry that passes the config on, all of it (``cfg``), so a signature says what the entry
+depends on: ``def mine(sampling, tok)`` reads the sampling section and nothing else.
+``supply`` is the one place that picks those pieces out of a whole config: whoever builds or checks an entry calls
+``supply(entry.factory, cfg, tok=tok)``, ``supply(entry.check, cfg)``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
 
 _NO_DEFAULT = object()
+WHOLE = ("cfg", "config")  # a parameter that takes the whole configuration (an entry that passes it on)
+
+
+def supply(fn: Callable, cfg, **given):
+    """Call `fn` with what its parameters name: a value the caller gives (``tok``, ``spec``, ``model``) by its
+    name first, then a section of `cfg` (``sampling``, ``environment``, ``policy``, ...) or one option by its flat
+    name (``seed``), then the whole `cfg` for a parameter named ``cfg`` or ``config``. A parameter that names none
+    of these keeps its default; one without a default is a TypeError that says so."""
+    args, kwargs = [], {}
+    try:
+        parameters = _parameters(fn)
+    except TypeError:  # a callable that cannot be hashed: read its signature each time
+        parameters = tuple(inspect.signature(fn).parameters.values())
+    for p in parameters:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.name in given:
+            value = given[p.name]
+        elif p.name in WHOLE:
+            value = cfg
+        else:
+            value = getattr(cfg, p.name, _NO_DEFAULT) if not p.name.startswith("_") else _NO_DEFAULT
+            if callable(value) or value is _NO_DEFAULT:  # a method of the config is no section
+                if p.default is not p.empty:
+                    continue
+                where = getattr(fn, "__qualname__", repr(fn))
+                raise TypeError(
+                    f"{where}: parameter {p.name!r} names no section or option of the config"
+                    f"{', nor one of ' + ', '.join(given) if given else ''} (cfg: the whole config)"
+                )
+        if p.kind == p.POSITIONAL_ONLY:
+            args.append(value)
+        else:
+            kwargs[p.name] = value
+    return fn(*args, **kwargs)
+
+
+@cache
+def _parameters(fn: Callable) -> tuple[inspect.Parameter, ...]:
+    return tuple(inspect.signature(fn).parameters.values())
 
 
 class RegistryError(ValueError, KeyError):
@@ -29,20 +79,20 @@ class Entry:
     """One registered choice: its factory (or function), the config keys it reads, its own checks."""
 
     name: str
-    factory: Callable
+    factory: Callable  # called with what its parameters name (supply); corrections and masks: their own call
     uses: tuple[str, ...] = ()
     check: Callable | None = None
     help: str = ""
     defaults: tuple[tuple[str, object], ...] = ()  # config values this entry sets where the user set none
-    check_model: Callable | None = None  # (cfg, spec, model) -> problems: a model the entry cannot run
+    check_model: Callable | None = None  # (..., spec, model) -> problems: a model the entry cannot run
     instructions: str = ""  # environments: a chat model's system message, unless --system-prompt replaces it
     # corrections and masks: a row's weights depend on that row's log-probs alone, so a step may make them piece
     # by piece from its update's own forward (lrl.module); False (a plugin's default) scores the whole batch first
     per_row: bool = False
-    # samplers: (cfg) -> the Traits of the sampler the factory would build, declared without building it (the
-    # mismatch split of an asynchronous run reads them; its samplers live in the workers)
+    # samplers: the Traits of the sampler the factory would build, declared without building it (the mismatch
+    # split of an asynchronous run reads them; its samplers live in the workers)
     traits: Callable | None = None
-    check_machine: Callable | None = None  # (cfg) -> problems: what it needs of this machine (preflight)
+    check_machine: Callable | None = None  # problems: what it needs of this machine (preflight)
 
 
 class Registry(Mapping):
@@ -76,16 +126,17 @@ class Registry(Mapping):
     ):
         """Decorator: make `fn` available under `name`; a name registered twice is an error.
 
-        ``uses``: the config keys the entry reads; ``check(cfg) -> list[str]``: its own rules, as problems, from
+        `fn` and each check below take what their parameters name (:func:`supply`: sections, options, ``tok``).
+        ``uses``: the config keys the entry reads; ``check(...) -> list[str]``: its own rules, as problems, from
         the values alone (it runs whenever a config is made: it writes nothing, starts nothing, looks at no path of the machine);
-        ``check_machine(cfg) -> list[str]``: what it needs of this machine (memory, a sandbox, a package, a
+        ``check_machine(...) -> list[str]``: what it needs of this machine (memory, a sandbox, a package, a
         folder), checked once by the preflight of the process that starts the run (:func:`lrl.preflight.resolve`);
         ``defaults``: config values it wants where the user gave none (e.g. an environment's turn limit);
-        ``check_model(cfg, spec, model) -> list[str]``: models it cannot run (checked before the run starts);
+        ``check_model(..., spec, model) -> list[str]``: models it cannot run (checked before the run starts);
         ``instructions``: an environment's instructions to a chat model, its system message;
         ``per_row``: a correction or mask whose decision for a row reads that row's log-probs alone (see
         :class:`Entry`); one that reads the whole batch (a batch mean, a batch's second moment) leaves it False;
-        ``traits(cfg)``: a sampler's traits (``lrl.samplers.Traits``), known without building it.
+        ``traits(...)``: a sampler's traits (``lrl.samplers.Traits``), known without building it.
         """
         if not isinstance(name, str) or not _is_name(name):
             raise RegistryError(

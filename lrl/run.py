@@ -5,10 +5,12 @@ Shared by train.py, the experiments and the tests: ``build_run(cfg)`` then ``fit
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lightning as L
 import torch
@@ -18,20 +20,27 @@ from lrl.checkpoint import GracefulStop, StoppedBeforeTraining
 from lrl.config import Config, ConfigError
 from lrl.envs import run_tokenizer  # noqa: F401  (the run's tokenizer; imported from here by tools)
 
+if TYPE_CHECKING:
+    from lrl.data import RolloutDataModule
+    from lrl.envs.base import EnvSpec
+    from lrl.module import OffPolicyModule
+    from lrl.runs import RunFolder
+    from lrl.sources.base import RolloutSource
+
 
 @dataclass
 class Run:
     """Everything a training run is made of."""
 
     cfg: Config
-    spec: object  # lrl.envs.EnvSpec
+    spec: EnvSpec
     policy: torch.nn.Module
-    source: object  # lrl.sources.RolloutSource: where the batches come from
-    module: object
-    datamodule: object
+    source: RolloutSource  # where the batches come from
+    module: OffPolicyModule
+    datamodule: RolloutDataModule
     trainer: L.Trainer
     ckpt_path: str | None = None  # the checkpoint fit() resumes from (cfg.resume, resolved)
-    folder: object = None  # lrl.runs.RunFolder: where the run writes, when it writes anything
+    folder: RunFolder | None = None  # where the run writes, when it writes anything
 
     @property
     def tok(self):
@@ -104,7 +113,7 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     torch.manual_seed(cfg.seed)
     preflight.resolve(cfg)  # named models -> folders; what must exist; each entry's needs of the machine
     preflight.check_paths(cfg)
-    spec = make_env(cfg, run_tokenizer(cfg))
+    spec = make_env(cfg, run_tokenizer(cfg.policy))
     sampler = local_sampler(cfg, spec)  # built, not set up: the memory plan asks it for its copies
     memory = preflight.check_environment(cfg, spec, sampler)
     loaded = policy if policy is not None else load_model(cfg, spec.tok)
@@ -180,9 +189,33 @@ def make_trainer(cfg: Config, logger, callbacks: list, folder, **trainer_kw) -> 
         raise ConfigError(f"accelerator/devices/num_nodes/strategy: {err}") from None
 
 
-def fit(run: Run) -> dict:
-    """Train, then report the held-out evaluation of the final policy (and the steps skipped for want of
-    any learning signal)."""
+@dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit` reports: how training went, and the held-out evaluation of the final policy.
+
+    The held-out fields are those of the run's last evaluation (:func:`lrl.evaluation.summarize`); a run stopped
+    by a signal before one ran has none: ``evaluated_at`` is None, ``pass_rate`` and ``invalid`` NaN,
+    ``episodes`` 0 and ``metrics`` empty.
+    """
+
+    steps: int  # training steps taken (this run's and, resumed, the ones before the checkpoint)
+    skipped: int  # steps skipped for want of any learning signal (no group had a reward variance)
+    wall_s: float  # seconds fit() took, the final evaluation included
+    stopped_by: int | None = None  # the signal (SIGINT, SIGTERM) that stopped the run early, if one did
+    # whether no step had a single episode its environment answered (e.g. every tool call timed out)
+    all_env_failures: bool = False
+    env_timeouts: float = 0.0  # env/timeouts, the share of episodes whose tool timed out, averaged over steps
+    env_errors: float = 0.0  # env/errors, the share of episodes whose tool raised, averaged over steps
+    evaluated_at: int | None = None  # the policy version the held-out fields measure
+    pass_rate: float = math.nan  # held-out mean reward
+    invalid: float = math.nan  # held-out share of malformed episodes
+    episodes: int = 0  # held-out episodes evaluated
+    metrics: dict[str, float] = field(default_factory=dict)  # held-out means of the environment's own metrics
+
+
+def fit(run: Run) -> FitResult:
+    """Train, then report (:class:`FitResult`) the held-out evaluation of the final policy, the steps taken and
+    skipped for want of any learning signal, and what stopped the run early if anything did."""
     start = time.time()
     stopped_by = None
     try:
@@ -206,17 +239,21 @@ def fit(run: Run) -> dict:
             run.folder.release()
     history = run.module.history
     steps = max(len(history), 1)
-    return {
-        **(last or {}),
-        "wall_s": time.time() - start,
-        "steps": len(history),
-        "skipped": int(sum(h["train/skipped"] for h in history)),
-        "stopped_by": stopped_by,
-        # whether no step had a single episode its environment answered (e.g. every tool call timed out)
-        "all_env_failures": bool(history) and all(h.get("env/failures") == 1.0 for h in history),
-        "env_timeouts": sum(h.get("env/timeouts", 0.0) for h in history) / steps,
-        "env_errors": sum(h.get("env/errors", 0.0) for h in history) / steps,
-    }
+    held = last or {}
+    return FitResult(
+        steps=len(history),
+        skipped=int(sum(h["train/skipped"] for h in history)),
+        wall_s=time.time() - start,
+        stopped_by=stopped_by,
+        all_env_failures=bool(history) and all(h.get("env/failures") == 1.0 for h in history),
+        env_timeouts=sum(h.get("env/timeouts", 0.0) for h in history) / steps,
+        env_errors=sum(h.get("env/errors", 0.0) for h in history) / steps,
+        evaluated_at=held.get("step"),
+        pass_rate=held.get("pass_rate", math.nan),
+        invalid=held.get("invalid", math.nan),
+        episodes=held.get("episodes", 0),
+        metrics={m: held[m] for m in run.spec.metrics if m in held},
+    )
 
 
 def startup_notes(cfg: Config, run: Run | None = None) -> list[str]:

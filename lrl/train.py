@@ -24,8 +24,12 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from lrl.cli import train_command, train_program
+
+if TYPE_CHECKING:
+    from lrl.run import FitResult
 
 NOTHING_LEARNED = 4
 WORKER_FAILED = 5
@@ -116,28 +120,28 @@ def run(argv: list[str]) -> int:
         return OUTPUT_FAILED
     if not run.trainer.is_global_zero:
         return 0
-    if result["stopped_by"] is not None:
+    if result.stopped_by is not None:
         return interrupted(result, run, argv)
-    counts = "".join(f" | {m} {result[m]:.2f}" for m in run.spec.metrics)
-    skipped = f" ({result['skipped']} skipped: no advantage signal)" if result["skipped"] else ""
+    counts = "".join(f" | {m} {result.metrics[m]:.2f}" for m in run.spec.metrics)
+    skipped = f" ({result.skipped} skipped: no advantage signal)" if result.skipped else ""
     print(
-        f"held-out pass rate {result['pass_rate']:.3f} over {result['episodes']} episodes "
-        f"({cfg.eval_episodes} per task){counts} | invalid {result['invalid']:.3f} | env {cfg.env} | "
-        f"sampler {cfg.sampler} lag {cfg.lag} correction {cfg.correction} | {result['steps']} steps{skipped} | "
+        f"held-out pass rate {result.pass_rate:.3f} over {result.episodes} episodes "
+        f"({cfg.eval_episodes} per task){counts} | invalid {result.invalid:.3f} | env {cfg.env} | "
+        f"sampler {cfg.sampler} lag {cfg.lag} correction {cfg.correction} | {result.steps} steps{skipped} | "
         f"{time.time() - start:.1f} s | logs in {run.trainer.logger.log_dir if run.trainer.logger else '-'}"
     )
-    if result["steps"] and result["skipped"] == result["steps"] and result["all_env_failures"]:
+    if result.steps and result.skipped == result.steps and result.all_env_failures:
         print(
-            f"{train_program()}: nothing was learned: every episode of all {result['steps']} steps ended in an environment "
-            f"failure ({result['env_timeouts']:.0%} timed out at --tool-timeout, {result['env_errors']:.0%} raised "
+            f"{train_program()}: nothing was learned: every episode of all {result.steps} steps ended in an environment "
+            f"failure ({result.env_timeouts:.0%} timed out at --tool-timeout, {result.env_errors:.0%} raised "
             f"in their tool), so no step had an episode to train on. Look at env/timeouts and env/errors: a tool "
             f"timeout shorter than the tools take, or an environment that cannot run here, is the usual cause.",
             file=sys.stderr,
         )
         return NOTHING_LEARNED
-    if result["steps"] and result["skipped"] == result["steps"]:
+    if result.steps and result.skipped == result.steps:
         print(
-            f"{train_program()}: nothing was learned: all {result['steps']} steps were skipped, because no group of "
+            f"{train_program()}: nothing was learned: all {result.steps} steps were skipped, because no group of "
             f"episodes had any variance in reward (every episode of a task scored the same). Look at "
             f"train/reward and train/invalid: a temperature, failure rate or group size "
             f"(--episodes-per-task) that leaves no contrast between episodes is the usual cause.",
@@ -167,24 +171,24 @@ def announce_stops(run, argv: list[str]) -> None:
             callback.resume_command = lambda: resume_command(run, argv)
 
 
-def interrupted(result: dict, run, argv: list[str]) -> int:
+def interrupted(result: FitResult, run, argv: list[str]) -> int:
     """One line: which signal stopped the run, after which step, and how to continue it."""
     from lrl.stopping import signal_name
 
-    name = signal_name(result["stopped_by"])
-    if not result["steps"]:
+    name = signal_name(result.stopped_by)
+    if not result.steps:
         print(
             f"{train_program()}: stopped by {name} before the first step; nothing was trained yet",
             file=sys.stderr,
         )
-        return 128 + result["stopped_by"]
+        return 128 + result.stopped_by
     command = resume_command(run, argv)
     if command is not None:
         hint = f"continue with: {command}"
     else:
         hint = "no checkpoint was written (checkpoints are off: --checkpoint-every N keeps them)"
-    print(f"{train_program()}: stopped by {name} after step {result['steps']}; {hint}", file=sys.stderr)
-    return 128 + result["stopped_by"]
+    print(f"{train_program()}: stopped by {name} after step {result.steps}; {hint}", file=sys.stderr)
+    return 128 + result.stopped_by
 
 
 if __name__ == "__main__":

@@ -1,23 +1,29 @@
 """Supervised warm starts on demonstrations, and the on-disk cache of the policies they build.
 
-An environment that ships an RL base (TinyAgent: ``lrl.envs.tinyagent.base``) draws demonstrations, each a
-token list and a per-token loss flag, and :func:`fit_demonstrations` trains a fresh policy on them; the
-result is kept in :func:`cache_dir` under a key of everything that determines it, written atomically.
+An environment that ships an RL base (TinyAgent: ``lrl.envs.tinyagent.base``) declares it as a :class:`WarmStart`:
+how it draws a step's demonstrations, each a token list and a per-token loss flag, and its hyper-parameters;
+:func:`fit_demonstrations` trains a fresh policy on them, and the result is kept in :func:`cache_dir` under a key of
+everything that determines it, written atomically.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import random
 import shutil
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
 from lrl.batch import pad_right
-from lrl.policy import load_policy, save_policy
+from lrl.policy import DEFAULT_SIZE, load_policy, make_policy, save_policy
 
 Demo = tuple[list[int], list[bool]]  # token ids and a loss flag per token
 
@@ -32,7 +38,6 @@ def cache_dir() -> Path:
 def source_fingerprint(*objects) -> str:
     """A hash of the source code of modules or functions, for cache keys: a change to the code that draws the
     demonstrations or trains on them changes the key, so a cached or shipped policy is never stale."""
-    import hashlib
     import inspect
 
     return hashlib.sha256("".join(inspect.getsource(o) for o in objects).encode()).hexdigest()[:16]
@@ -114,3 +119,70 @@ def cached_policy(
         except OSError:  # another process finished first: keep its copy
             shutil.rmtree(tmp, ignore_errors=True)
     return model
+
+
+@dataclass(frozen=True)
+class WarmStartOptions:
+    """A warm start's hyper-parameters, every one part of its cache key; an environment's add their own."""
+
+    rule_steps: int = 600
+    """first phase: optimizer steps on the demonstrations that teach the rule"""
+    steps: int = 150
+    """second phase: optimizer steps on the demonstrations the RL base is left with"""
+    batch_size: int = 64
+    """demonstrations per step"""
+    lr: float = 3e-3
+    """Adam learning rate"""
+    seed: int = 0
+    """initialisation and demonstration-order seed"""
+    threads: int = 2
+    """torch threads used while training: float reduction order depends on it, so it is fixed here"""
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """An environment's RL base: a fresh policy trained on the demonstrations the environment draws, cached (or
+    shipped) under a key of everything that determines it, so the same warm start is trained once.
+
+    ``options`` are its default hyper-parameters (:class:`WarmStartOptions`, with the environment's own), all of
+    them in the key. ``draw(tok, rng, options, step)`` gives a step's demonstrations (the first phase's while
+    ``step < options.rule_steps``) from the generator ``rng``, seeded with ``seed + options.seed``. ``code``: the modules whose source draws them (in the key); ``extra``: anything else
+    that determines the policy (in the key); ``size``: the policy's size beyond the default (``make_policy``'s).
+    """
+
+    name: str  # the cache folder's prefix
+    options: WarmStartOptions
+    draw: Callable[..., list[Demo]]
+    seed: int
+    code: tuple[ModuleType, ...] = ()
+    extra: tuple = ()
+    size: dict = field(default_factory=dict)
+    log_every: int = 100  # training steps between two printed losses, when verbose
+
+    def train(self, tok, options: WarmStartOptions | None = None, log_every: int = 0) -> torch.nn.Module:
+        """The warm start from scratch -> the RL base (deterministic for given options)."""
+        options = options if options is not None else self.options
+        rng = random.Random(self.seed + options.seed)
+        with fixed_threads(options.threads):
+            model = make_policy(tok, seed=options.seed, **self.size)
+            return fit_demonstrations(
+                model, lambda step: self.draw(tok, rng, options, step), options.rule_steps + options.steps,
+                options.lr, tok.pad_id, log_every,
+            )  # fmt: skip
+
+    def key(self, tok, options=None) -> str:
+        """The cache key: the options, the vocabulary, the model's size, what else the warm start names, and the
+        code that draws the demonstrations and trains on them."""
+        options = options if options is not None else self.options
+        code = source_fingerprint(*self.code, WarmStart.train, fit_demonstrations, make_policy)
+        blob = [self.name, asdict(options), tokenizer_fingerprint(tok), DEFAULT_SIZE, self.size, self.extra, code]
+        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
+
+    def folder(self, tok, options=None) -> str:
+        """The name of its folder in the cache (and in the package, where it is shipped)."""
+        return f"{self.name}-{self.key(tok, options)}"
+
+    def policy(self, tok, options=None, cache: bool = True, verbose: bool = False) -> torch.nn.Module:
+        """The RL base, loaded from the cache (or the package) or trained once and saved in the cache."""
+        build = lambda: self.train(tok, options, self.log_every if verbose else 0)  # noqa: E731
+        return cached_policy(self.folder(tok, options), tok, build, cache, verbose)

@@ -24,8 +24,8 @@ import torch
 
 from lrl.registry import CORRECTIONS, MASKS
 from lrl.sections import WeightingOptions
+from lrl.sections.training import LEVELS
 
-LEVELS = ("token", "sequence", "geometric")
 EDGE_TOL = 1e-6  # log-space slack at the MIS band edges: a ratio within 1e-6 (relative) of an edge is on it
 register_correction = CORRECTIONS.register  # fn(logp_trainer, logp_sampler, mask, options) -> weights [B, T]
 

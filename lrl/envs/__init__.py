@@ -1,46 +1,56 @@
 """Environments: the interface (``lrl.envs.base``), the registry, and the built-in ones.
 
-``register_env(name)`` decorates a factory ``fn(cfg, tok) -> EnvSpec``; ``tok`` is the run's tokenizer
-(``--tokenizer``, or the one saved with ``--model``), or None, in which case the environment brings its own.
-``make_env(cfg, tok)`` builds the environment a config names. See docs/extending.md.
+``register_env(name)`` decorates a factory ``fn(environment, tok=None) -> EnvSpec``: it takes what its parameters
+name (:func:`lrl.registry.supply`), its environment section (:class:`lrl.sections.EnvironmentOptions`) and ``tok``,
+the run's tokenizer (``--tokenizer``, or the one saved with ``--model``), or None, in which case the environment
+brings its own. ``make_env(cfg, tok)`` builds the environment a config names. See docs/extending.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from lrl.envs.base import Env, EnvSpec, FailureInjection, StepResult
-from lrl.registry import ENVS
+from lrl.envs.base import Env, EnvSpec, FailureInjection, StepResult, tokenizer_option
+from lrl.registry import ENVS, supply
+from lrl.sections import EnvironmentOptions, PolicyOptions
 
 register_env = ENVS.register
 
 
 def make_env(cfg, tok=None) -> EnvSpec:
-    """The environment named by cfg.env, built for this run's tokenizer (None: its own). A chat model's
-    tokenizer frames every episode as a conversation: the system message (``system_prompt``, else the
-    environment's own instructions) and the observations in ``observation_role`` (lrl.tokenizers)."""
+    """The environment named by the config's environment section, built for this run's tokenizer (None: its own),
+    with what its factory's parameters name (:func:`lrl.registry.supply`). A chat model's tokenizer frames every
+    episode as a conversation: the system message (``system_prompt``, else the environment's own instructions) and
+    the observations in ``observation_role`` (lrl.tokenizers). A step's tasks must be among its train tasks."""
     from lrl.errors import ConfigError
 
-    entry = ENVS.get(cfg.env)
+    env, policy = cfg.environment, cfg.policy
+    entry = ENVS.get(env.env)
     if getattr(tok, "chat", False):
+        from lrl.budget import model_config
         from lrl.tokenizers import ChatTemplateError
 
-        check_system_prompt(cfg, tok)
-        system = cfg.system_prompt if cfg.system_prompt is not None else entry.instructions or None
-        tok = tok.conversation(system, cfg.observation_role)
+        check_system_prompt(env.system_prompt, tok, model_config(cfg).get("max_position_embeddings"))
+        system = env.system_prompt if env.system_prompt is not None else entry.instructions or None
+        tok = tok.conversation(system, env.observation_role)
         try:  # before the environment frames anything with it
             tok.check_conversation()
         except ChatTemplateError as err:
-            raise ConfigError(f"{tokenizer_option(cfg)}: {err}") from None
-        check_role(cfg, tok)
+            raise ConfigError(f"{tokenizer_option(policy, env.env)}: {err}") from None
+        check_role(env, tok)
     else:
         for name, unset in (("system_prompt", None), ("observation_role", "user")):
-            if getattr(cfg, name) != unset:
+            if getattr(env, name) != unset:
                 raise ConfigError(
-                    f"{name}: {getattr(cfg, name)[:40]!r} needs a chat model, and the run's tokenizer ("
-                    f"{tokenizer_option(cfg)}) has no chat template; leave it unset or give --model a chat model"
+                    f"{name}: {getattr(env, name)[:40]!r} needs a chat model, and the run's tokenizer ("
+                    f"{tokenizer_option(policy, env.env)}) has no chat template; leave it unset or give --model a "
+                    "chat model"
                 )
-    return with_turn_tokens(entry.factory(cfg, tok), cfg.turn_tokens, cfg.max_turns)
+    spec = with_turn_tokens(supply(entry.factory, cfg, tok=tok), env.turn_tokens, env.max_turns)
+    per_step, train = cfg.batch.tasks_per_step, len(spec.train_tasks)
+    if per_step > train:
+        raise ConfigError(f"tasks_per_step: {per_step} is more than the {train} train tasks of {env.env}")
+    return spec
 
 
 def with_turn_tokens(spec: EnvSpec, turn_tokens: int | None, max_turns: int) -> EnvSpec:
@@ -54,13 +64,12 @@ def with_turn_tokens(spec: EnvSpec, turn_tokens: int | None, max_turns: int) -> 
     return dataclasses.replace(spec, max_action_tokens=turn_tokens, max_episode_tokens=longest)
 
 
-def check_system_prompt(cfg, tok) -> None:
-    """A --system-prompt that spells the template's own markers, or that alone is longer than the model's context,
-    is refused (ConfigError) before any episode is framed with it."""
-    from lrl.budget import model_config
+def check_system_prompt(system: str | None, tok, context) -> None:
+    """A --system-prompt that spells the template's own markers, or that alone is longer than the model's context
+    (`context`, its max_position_embeddings, where known), is refused (ConfigError) before any episode is framed
+    with it."""
     from lrl.errors import ConfigError
 
-    system = cfg.system_prompt
     if system is None:
         return
     markers = tok.specials_in(system)
@@ -70,7 +79,6 @@ def check_system_prompt(cfg, tok) -> None:
             "template would render as its own marker (a turn ended or begun where the message does not mean "
             "one); it is refused, not escaped: remove it"
         )
-    context = model_config(cfg).get("max_position_embeddings")
     if isinstance(context, int):  # tokenised once here, before each task's prompt is (576 of them for calc)
         n = len(tok.conversation(system).prompt(""))
         if n >= context:
@@ -80,13 +88,13 @@ def check_system_prompt(cfg, tok) -> None:
             )
 
 
-def check_role(cfg, tok) -> None:
+def check_role(env: EnvironmentOptions, tok) -> None:
     """An --observation-role that the model's chat template does not render as a role of its own is refused
     unless --allow-any-role asks for it."""
     from lrl.errors import ConfigError
 
-    role = cfg.observation_role
-    if cfg.allow_any_role or tok.renders_as_its_own(role):
+    role = env.observation_role
+    if env.allow_any_role or tok.renders_as_its_own(role):
         return
     raise ConfigError(
         f"observation_role: the model's chat template renders {role!r} as it would any name, not as a role of "
@@ -95,34 +103,25 @@ def check_role(cfg, tok) -> None:
     )
 
 
-def tokenizer_option(cfg) -> str:
-    """The option the run's tokenizer came from (the environment's own when neither gives one)."""
-    if cfg.tokenizer is not None:
-        return f"tokenizer: {cfg.tokenizer!r}"
-    if cfg.model is not None:
-        return f"model: the tokenizer saved with {cfg.model!r}"
-    return f"env: the {cfg.env} environment's own tokenizer"
-
-
-def run_tokenizer(cfg):
+def run_tokenizer(policy: PolicyOptions):
     """The run's tokenizer: --tokenizer, else the one saved with --model, else None (the env's own)."""
     from pathlib import Path
 
     from lrl.errors import ConfigError
     from lrl.tokenizers import TOKENIZER_FILE, load_tokenizer
 
-    source = cfg.tokenizer
-    if source is None and cfg.model is not None:
-        model = Path(cfg.model)
+    source = policy.tokenizer
+    if source is None and policy.model is not None:
+        model = Path(policy.model)
         source = (
-            cfg.model if (model / TOKENIZER_FILE).exists() or (model / "tokenizer.json").exists() else None
+            policy.model if (model / TOKENIZER_FILE).exists() or (model / "tokenizer.json").exists() else None
         )
     if source is None:
         return None
     try:
         return load_tokenizer(source)
     except ValueError as err:
-        raise ConfigError(f"{'tokenizer' if cfg.tokenizer else 'model'}: {err}") from None
+        raise ConfigError(f"{'tokenizer' if policy.tokenizer else 'model'}: {err}") from None
 
 
 from lrl.envs import calc, codefix, review, tinyagent  # noqa: E402  (registers the built-in environments)

@@ -6,7 +6,7 @@ observation's token ids, a reward, whether the episode ended, and an ``info`` di
 and rewards; it knows nothing of samplers, versions or worker failures: :class:`FailureInjection` wraps any
 environment to stand in for an unreliable worker.
 
-An :class:`EnvSpec` is what a registered environment factory ``fn(cfg, tok) -> EnvSpec`` returns.
+An :class:`EnvSpec` is what a registered environment factory ``fn(environment, tok) -> EnvSpec`` returns.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+
+from lrl.sections import PolicyOptions
 
 
 @dataclass
@@ -154,3 +156,12 @@ def episode_metrics(spec: EnvSpec, episodes) -> dict[str, float]:
     """Mean of every env metric over episodes -> {name: mean}."""
     n = max(len(episodes), 1)
     return {m: sum(e.metrics.get(m, 0.0) for e in episodes) / n for m in spec.metrics}
+
+
+def tokenizer_option(policy: PolicyOptions, env: str) -> str:
+    """The option the run's tokenizer came from (environment `env`'s own when neither gives one)."""
+    if policy.tokenizer is not None:
+        return f"tokenizer: {policy.tokenizer!r}"
+    if policy.model is not None:
+        return f"model: the tokenizer saved with {policy.model!r}"
+    return f"env: the {env} environment's own tokenizer"

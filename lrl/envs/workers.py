@@ -39,6 +39,7 @@ import torch
 
 from lrl.envs.base import StepResult
 from lrl.envs.latency import Latency
+from lrl.sections import EnvironmentOptions
 
 LOGICAL_TOKEN_SECONDS = 0.025  # logical time of one decode step: a sequence advancing 40 tokens per second
 REAL_TOOL_ENVS: set[str] = set()  # environments whose steps are real programs: always on threads (codefix)
@@ -282,12 +283,12 @@ class ThreadTools:
         self.calls = {}
 
 
-def make_tools(cfg, generator: torch.Generator, clock=None):
-    """The runner a config asks for: threads when steps take time or may hang, else inline (a step on a thread
-    without --tool-timeout is bounded at DEFAULT_TOOL_TIMEOUT)."""
+def make_tools(environment: EnvironmentOptions, generator: torch.Generator, clock=None):
+    """The runner the environment section asks for: threads when steps take time or may hang, else inline (a step
+    on a thread without --tool-timeout is bounded at DEFAULT_TOOL_TIMEOUT)."""
     from lrl.envs.latency import parse_latency
 
-    latency = parse_latency(cfg.tool_latency)
-    if latency.off and cfg.tool_timeout is None and cfg.env not in REAL_TOOL_ENVS:
+    latency = parse_latency(environment.tool_latency)
+    if latency.off and environment.tool_timeout is None and environment.env not in REAL_TOOL_ENVS:
         return InlineTools()
-    return ThreadTools(latency, generator, cfg.tool_timeout, clock)
+    return ThreadTools(latency, generator, environment.tool_timeout, clock)

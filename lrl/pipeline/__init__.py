@@ -10,7 +10,7 @@
 Names load on first use: a worker process imports this package before anything heavy.
 """
 
-from importlib import import_module
+from lrl.lazy import lazy_names
 
 _LAZY = {
     "AsyncSource": "lrl.pipeline.source",
@@ -21,7 +21,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lrl.pipeline' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

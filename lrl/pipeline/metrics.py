@@ -23,6 +23,18 @@ class StepWindow:
     timeline: list[list[float]] = field(default_factory=list)  # [worker, *Rollout.timeline sample]
 
 
+@dataclass
+class Carry:
+    """What the groups taken since the last batch were, until a batch is made of them: a take whose every episode
+    is dropped makes no batch, and what it was goes into the next batch's ledger and metrics."""
+
+    seconds: list[float] = field(default_factory=list)  # each group's wall time, in the order taken
+    decoded: int = 0  # action tokens decoded by the episodes taken, kept or dropped
+    dropped_ids: list[str] = field(default_factory=list)  # dropped, or left out of a group cut short
+    dropped_lengths: list[int] = field(default_factory=list)  # tokens of each episode dropped
+    dropped_tokens: int = 0  # action tokens of the episodes dropped
+
+
 def delta(now: dict[int, WorkerStats], before: dict[int, WorkerStats]) -> WorkerStats:
     """Sum over workers of what their totals grew by."""
     out = WorkerStats()

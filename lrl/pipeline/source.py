@@ -27,7 +27,7 @@ import torch
 from lrl.batch import Batch
 from lrl.pipeline.backends import make_workers
 from lrl.pipeline.messages import BatchDone, Beat, Cut, Group, GroupDone, Pause, Paused, Resume, Setup
-from lrl.pipeline.metrics import StepWindow, delta, pipeline_metrics
+from lrl.pipeline.metrics import Carry, StepWindow, delta, pipeline_metrics
 from lrl.pipeline.policies import Verdict, make_stale_policy
 from lrl.pipeline.schedule import make_schedule
 from lrl.sources.base import TaskPicker, rank_seed, score_batch
@@ -68,7 +68,7 @@ class AsyncSource:
         self._durations: list = []
         self._turns: list = []  # [serial, turns] of the episodes ended before the last step
         self._timeline: list = []  # the workers' occupancy samples up to the last step
-        self._carry = self._fresh_carry()  # what groups dropped whole were, until the next batch's ledger
+        self._carry = Carry()  # what the groups taken since the last batch were, until a batch is made
         self.last_time = time.time()
         # the trainer's last steps, each from a batch handed out to the next request
         self.trainer_seconds: deque[float] = deque(maxlen=16)
@@ -222,38 +222,38 @@ class AsyncSource:
         kept, trained_ids, masking = [], [], []  # masking: each kept episode's verdict is MASK
         for serial, episodes in groups:
             self.group_task.pop(serial, None)
-            carry["seconds"].append(self.schedule.seconds.pop(serial, float("nan")))
+            carry.seconds.append(self.schedule.seconds.pop(serial, float("nan")))
             present = {position(e, k) for k, e in enumerate(episodes)}
             for j in range(self.episodes_per_group):  # left out of a group cut short (--stale-policy cut)
                 if j not in present:
-                    carry["dropped_ids"].append(f"{self.rank}:{serial * self.episodes_per_group + j}")
+                    carry.dropped_ids.append(f"{self.rank}:{serial * self.episodes_per_group + j}")
             for k, episode in enumerate(episodes):
                 eid = f"{self.rank}:{serial * self.episodes_per_group + position(episode, k)}"
                 tags = [v for v, g in zip(episode.version, episode.generated) if g]
-                carry["decoded"] += len(tags)
+                carry.decoded += len(tags)
                 verdict = self.stale.verdict(tags, oldest)
                 if verdict is Verdict.DROP:
-                    carry["dropped_ids"].append(eid)
-                    carry["dropped_lengths"].append(len(episode.ids))
-                    carry["dropped_tokens"] += len(tags)
+                    carry.dropped_ids.append(eid)
+                    carry.dropped_lengths.append(len(episode.ids))
+                    carry.dropped_tokens += len(tags)
                     continue
                 kept.append(episode)
                 trained_ids.append(eid)
                 masking.append(verdict is Verdict.MASK)
         if not kept:
             return None, {}
-        self._carry = self._fresh_carry()
+        self._carry = Carry()
         staleness = [  # masked tokens are not trained: not counted
             version - v
             for e, masks in zip(kept, masking)
             for v, g in zip(e.version, e.generated)
             if g and (v >= oldest or not masks)
         ]
-        dropped_lengths = carry["dropped_lengths"]
+        dropped_lengths = carry.dropped_lengths
         info = {
             "trained_ids": trained_ids,
-            "dropped_ids": carry["dropped_ids"],
-            "time/group_seconds": carry["seconds"],  # per group, for calibrating the simulator
+            "dropped_ids": carry.dropped_ids,
+            "time/group_seconds": carry.seconds,  # per group, for calibrating the simulator
             "time/episode_seconds": [e.seconds for e in kept],
             "staleness_counts": [staleness.count(k) for k in range(max(staleness, default=-1) + 1)],
             "metrics": self._metrics(waited, kept, dropped_lengths),
@@ -271,17 +271,13 @@ class AsyncSource:
             masked = float(over.sum())
         metrics = info["metrics"]
         aborted = metrics["pipeline/aborted_tokens"] + metrics["pipeline/cut_tokens"]  # stopped in the workers
-        metrics["pipeline/decoded_tokens"] = float(carry["decoded"] + aborted)  # by the episodes taken, or aborted
+        metrics["pipeline/decoded_tokens"] = float(carry.decoded + aborted)  # by the episodes taken, or aborted
         metrics["pipeline/masked_tokens"] = masked
-        metrics["pipeline/wasted_tokens"] = carry["dropped_tokens"] + aborted + masked  # decoded, never trained
+        metrics["pipeline/wasted_tokens"] = carry.dropped_tokens + aborted + masked  # decoded, never trained
         self.picker.carry_failures(kept)
         if dropped_lengths:
             batch["sampled_length"] = torch.tensor([float(len(e.ids)) for e in kept] + dropped_lengths)
         return batch, info
-
-    @staticmethod
-    def _fresh_carry() -> dict:
-        return {"seconds": [], "decoded": 0, "dropped_ids": [], "dropped_lengths": [], "dropped_tokens": 0}
 
     def _metrics(self, waited: float, kept: list, dropped_lengths: list) -> dict:
         now = time.time()

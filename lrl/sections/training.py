@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from lrl.options import MAX_INT, option
 from lrl.registry import CORRECTIONS, MASKS, SAMPLERS
 
+LEVELS = ("token", "sequence", "geometric")  # the ratio a correction acts on (lrl.weights.level_log_ratio)
+KL_LEVELS = ("token", "seq_sum", "seq_mean", "seq_max")  # what the kl mask bounds (lrl.masks.divergence)
+LOSSES = ("clipped", "pg", "cispo")  # the policy losses (lrl.losses.policy_loss)
+ESTIMATORS = ("k1", "k2", "k3")  # the kl mask's estimates of KL(mu || pi_old) (lrl.masks.token_divergence)
+
 
 @dataclass
 class BatchOptions:
@@ -93,7 +98,7 @@ class UpdateOptions:
         "gradient: every token's w * A * grad log pi, w detached, no clip), cispo (w * min(rho, 1 + eps_high) * A * "
         "grad log pi, the truncated ratio detached, so every token keeps its gradient); rho = pi / pi_prox "
         "(docs/offpolicy.md)",
-        choices=("clipped", "pg", "cispo"),
+        choices=LOSSES,
     )
     proximal: str = option(
         "recompute",
@@ -177,7 +182,7 @@ class WeightingOptions:
     correction: str = option(
         "none", "behavior-policy correction in the decoupled loss (a registered name)", choices=CORRECTIONS
     )
-    level: str = option("token", "ratio the correction acts on", choices=("token", "sequence", "geometric"))
+    level: str = option("token", "ratio the correction acts on", choices=LEVELS)
     cap: float = option(
         2.0, "TIS cap C: weights are min(pi_old/mu, C); also the over-cap threshold monitored", gt=0
     )
@@ -200,13 +205,13 @@ class WeightingOptions:
         "k3",
         "kl mask: the per-token estimate of KL(mu || pi_old) from log r = log pi_old - log mu: k1 = -log r, k2 = "
         "(log r)^2 / 2, k3 = r - 1 - log r",
-        choices=("k1", "k2", "k3"),
+        choices=ESTIMATORS,
         scope="masks",
     )
     kl_level: str = option(
         "seq_mean",
         "kl mask: token (each token's estimate), or per episode its seq_sum, seq_mean or seq_max",
-        choices=("token", "seq_sum", "seq_mean", "seq_max"),
+        choices=KL_LEVELS,
         scope="masks",
     )
     kl_threshold: float = option(

@@ -87,7 +87,7 @@ class SyncSource:
     def engine_options(self) -> dict:
         """How the sampler's engine runs the batch: lockstep (no options) or slots and environment workers, and
         with ``paired_streams`` the batch's keyed draws."""
-        tools = make_tools(self.cfg, self.tool_generator)
+        tools = make_tools(self.cfg.environment, self.tool_generator)
         keyed = {"draws": self.keyed_draws()} if self.cfg.paired_streams else {}
         if not self.cfg.slots and isinstance(tools, InlineTools):
             return keyed

@@ -139,12 +139,13 @@ def test_the_system_prompt_flag_reaches_the_first_message_of_a_run(smollm2_cut, 
     from lrl.run import run_tokenizer
 
     cfg = parse_args(["--model", str(smollm2_cut), "--system-prompt", "Be brief.", "--max-steps", "1"])
-    spec = make_env(cfg, run_tokenizer(cfg))
+    spec = make_env(cfg, run_tokenizer(cfg.policy))
     prompt = spec.tok.decode(spec.tok.prompt("issue : x"), skip_special=False)
     assert prompt.startswith("<|im_start|>system\nBe brief.<|im_end|>") and SMOLLM_DEFAULT not in prompt
     yaml = tmp_path / "c.yaml"
     yaml.write_text(f"model: {smollm2_cut}\nsystem_prompt: From the file.\n")
-    spec = make_env(parse_args(["--config", str(yaml)]), run_tokenizer(parse_args(["--config", str(yaml)])))
+    loaded = parse_args(["--config", str(yaml)])
+    spec = make_env(loaded, run_tokenizer(loaded.policy))
     assert spec.tok.decode(spec.tok.prompt("x"), skip_special=False).startswith(
         "<|im_start|>system\nFrom the file."
     )

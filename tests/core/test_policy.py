@@ -6,7 +6,8 @@ from conftest import rollout
 
 from lrl.batch import collate
 from lrl.envs.tinyagent import make_tasks
-from lrl.policy import ModelLoadError, load_policy, save_policy, sequence_log_probs
+from lrl.logprobs import token_log_probs
+from lrl.policy import ModelLoadError, load_policy, save_policy
 
 
 def test_policy_size_is_tiny(tiny_policy):
@@ -21,11 +22,11 @@ def test_saved_policy_reloads_with_from_pretrained_and_same_log_probs(tmp_path, 
     episodes = rollout(tiny_policy, make_tasks("train")[:4], spec)
     batch = collate(episodes, tok.pad_id)
     with torch.no_grad():
-        before = sequence_log_probs(tiny_policy, batch["ids"], batch["attention_mask"])
+        before = token_log_probs(tiny_policy, batch["ids"], batch["attention_mask"])
         plain = AutoModelForCausalLM.from_pretrained(tmp_path)
-        after = sequence_log_probs(plain, batch["ids"], batch["attention_mask"])
+        after = token_log_probs(plain, batch["ids"], batch["attention_mask"])
         loaded, loaded_tok = load_policy(tmp_path)
-        again = sequence_log_probs(loaded, batch["ids"], batch["attention_mask"])
+        again = token_log_probs(loaded, batch["ids"], batch["attention_mask"])
     assert torch.equal(before, after) and torch.equal(before, again)
     assert loaded_tok.vocab == tok.vocab
 

@@ -36,6 +36,55 @@ def test_a_frozen_policy_computes_every_step_and_moves_no_weight(format_policy):
     assert all(torch.equal(a, b) for a, b in zip(before, run.policy.parameters()))
 
 
+def test_fit_reports_its_steps_and_the_final_evaluation(format_policy):
+    """fit's record: the steps taken, and the held-out evaluation of the final policy, the module's last one."""
+    run = build_run(quick_cfg(max_steps=2), logger=False, policy=copy.deepcopy(format_policy))
+    result = fit(run)
+    last = run.module.evals[-1]
+    assert result.steps == 2 and result.stopped_by is None and result.evaluated_at == 2 == last["step"]
+    assert (result.pass_rate, result.invalid, result.episodes) == (
+        last["pass_rate"],
+        last["invalid"],
+        last["episodes"],
+    )
+    assert result.episodes > 0 and result.metrics == {m: last[m] for m in run.spec.metrics}
+    assert set(result.metrics) == set(run.spec.metrics) != set()
+    with pytest.raises(AttributeError):
+        result.steps = 3  # a record, not a dict to fill in
+
+
+def test_a_runs_fields_are_what_their_annotations_say(format_policy, tmp_path):
+    import typing
+
+    import lrl.data
+    import lrl.envs.base
+    import lrl.module
+    import lrl.run
+    import lrl.runs
+    import lrl.sources.base
+
+    names = {**vars(lrl.run)}
+    for module in (lrl.data, lrl.envs.base, lrl.module, lrl.runs, lrl.sources.base):
+        names.update(vars(module))
+    hints = typing.get_type_hints(lrl.run.Run, globalns=names)
+    assert object not in hints.values()
+    cfg = quick_cfg(max_steps=1, checkpoint_every=1, log_dir=str(tmp_path))
+    run = build_run(cfg, logger=False, policy=copy.deepcopy(format_policy))
+    try:
+        for name, hint in hints.items():
+            value = getattr(run, name)
+            if hint is lrl.sources.base.RolloutSource:  # a Protocol: the source has each of its methods
+                missing = [
+                    m for m in vars(hint) if not m.startswith("_") and not callable(getattr(value, m, None))
+                ]
+                assert not missing, missing
+            else:
+                assert isinstance(value, hint), (name, value, hint)
+        assert run.folder is not None  # checkpoints kept in the run's folder: the optional field is set too
+    finally:
+        run.folder.release()
+
+
 class Recorder(L.Callback):
     """Keeps every trained batch with the trainer's version and recomputed old_logp."""
 
@@ -76,7 +125,7 @@ def test_default_run_reaches_heldout_target():
 
     run = build_run(Config(progress=False, log_dir="/tmp/lrl-test-runs"), logger=False)
     result = fit(run)
-    assert result["pass_rate"] >= 0.8 and result["reads"] >= 0.8 and result["episodes"] >= 160
+    assert result.pass_rate >= 0.8 and result.metrics["reads"] >= 0.8 and result.episodes >= 160
 
 
 def test_dropout_is_off_for_old_logp_and_the_update(tmp_path, tok, monkeypatch):

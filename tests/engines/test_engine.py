@@ -11,7 +11,8 @@ from lrl.config import Config, ConfigError
 from lrl.decoding import Sampling, truncated_log_probs
 from lrl.envs.tinyagent import build_tokenizer, make_tasks, tinyagent_spec
 from lrl.kvcache import KVCacheDecoder, engine_generate, engine_score
-from lrl.policy import ModelLoadError, load_policy, make_policy, sequence_log_probs
+from lrl.logprobs import token_log_probs
+from lrl.policy import ModelLoadError, load_policy, make_policy
 from lrl.rollout import run_episodes
 from lrl.samplers import make_sampler
 from lrl.samplers.engine import EngineSampler
@@ -61,7 +62,7 @@ def trainer_logp(model, batch, batch_size):
             ids = batch["ids"][start : start + batch_size]
             attn = batch["attention_mask"][start : start + batch_size]
             width = int(attn.sum(-1).max())  # a batch of one has no padding at all
-            out = sequence_log_probs(model, ids[:, :width], attn[:, :width])
+            out = token_log_probs(model, ids[:, :width], attn[:, :width])
             rows.append(torch.nn.functional.pad(out, (0, ids.shape[1] - width)))
     return torch.cat(rows)
 
@@ -296,7 +297,7 @@ def test_left_padding_does_not_change_a_sequence(gym_tok):
     assert (together - alone).abs().max().item() < 1e-5
     ids, mask = pad_right([short + forced[0].tolist()], gym_tok.pad_id)
     with torch.no_grad():
-        trainer = sequence_log_probs(model, ids, mask)[0, -forced.shape[1] :]
+        trainer = token_log_probs(model, ids, mask)[0, -forced.shape[1] :]
     assert (trainer - together[0]).abs().max().item() < 1e-5
 
 

@@ -200,7 +200,7 @@ def test_a_kv_cache_too_small_for_an_episode_is_refused_with_the_size_needed(tmp
 
 def test_the_engine_log_probs_equal_the_trainers_after_many_in_place_updates(tok, spec, format_policy):
     from lrl.batch import collate
-    from lrl.policy import sequence_log_probs
+    from lrl.logprobs import token_log_probs
     from lrl.rollout import run_episodes
     from lrl.samplers import VLLMSampler
 
@@ -219,7 +219,7 @@ def test_the_engine_log_probs_equal_the_trainers_after_many_in_place_updates(tok
             )
             batch = collate(episodes, tok.pad_id)
             with torch.no_grad():
-                old = sequence_log_probs(policy, batch["ids"], batch["attention_mask"])
+                old = token_log_probs(policy, batch["ids"], batch["attention_mask"])
             on = batch["action_mask"].bool()
             assert (old - batch["sample_logp"])[on].abs().max() < 1e-4, version
     finally:

@@ -133,7 +133,7 @@ def test_an_episode_calls_the_calculator_then_answers(smollm2_cut):
     from lrl.envs import make_env, run_tokenizer
 
     cfg = Config(model=str(smollm2_cut), env="calc")
-    spec = make_env(cfg, run_tokenizer(cfg))
+    spec = make_env(cfg, run_tokenizer(cfg.policy))
     tok, task = spec.tok, spec.heldout_tasks[0]
     env: CalcEnv = spec.make()
     prompt = tok.decode(env.reset(task), skip_special=False)
@@ -189,7 +189,7 @@ def test_the_episode_bound_holds_the_longest_observation(smollm2_cut):
     from lrl.envs import make_env, run_tokenizer
 
     cfg = Config(model=str(smollm2_cut), env="calc")
-    spec = make_env(cfg, run_tokenizer(cfg))
+    spec = make_env(cfg, run_tokenizer(cfg.policy))
     tok, env = spec.tok, spec.make()
     longest = 0
     for call in longest_observations():

@@ -10,8 +10,9 @@ from conftest import quick_cfg
 
 from lrl.envs import FailureInjection
 from lrl.envs.tinyagent import BugFixEnv, make_tasks
+from lrl.logprobs import token_log_probs
 from lrl.losses import clipped_policy_loss, group_advantages
-from lrl.policy import selected_log_probs, sequence_log_probs
+from lrl.policy import selected_log_probs
 from lrl.run import build_run, fit
 from lrl.samplers import OnPolicySampler
 from lrl.sources.sync import SyncSource
@@ -85,7 +86,7 @@ def test_failed_episodes_get_no_gradient_and_no_advantage_and_their_tasks_come_b
         policy.zero_grad()
         ids, attn, mask = batch["ids"][rows], batch["attention_mask"][rows], batch["action_mask"][rows]
         with torch.no_grad():
-            old = sequence_log_probs(policy, ids, attn)
+            old = token_log_probs(policy, ids, attn)
         logp = selected_log_probs(policy(input_ids=ids, attention_mask=attn).logits[:, :-1], ids[:, 1:])
         loss, _ = clipped_policy_loss(logp, old, batch["advantage"][rows][:, None].expand_as(mask), mask)
         loss.backward()
@@ -151,5 +152,5 @@ def test_default_run_with_failures_reaches_heldout_target():
 
     run = build_run(Config(progress=False, log_dir="/tmp/lrl-test-runs", env_failure_rate=0.05), logger=False)
     result = fit(run)
-    assert result["pass_rate"] >= 0.8
+    assert result.pass_rate >= 0.8
     assert sum(h["env/failures"] for h in run.module.history) > 0

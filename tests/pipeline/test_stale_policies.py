@@ -113,6 +113,27 @@ def test_the_other_policies_drop_an_episode_with_an_over_stale_token(format_poli
     assert info["metrics"]["pipeline/masked_tokens"] == 0
 
 
+def test_a_take_dropped_whole_is_carried_into_the_next_batch(format_policy, spec):
+    """A take whose every episode is dropped makes no batch; its ids, group time and tokens go into the next one's."""
+    from lrl.pipeline.metrics import Carry
+
+    episodes = retagged(format_policy, spec)
+    source = source_for("drop", format_policy, spec)
+    try:
+        nothing, _ = source._assemble([(0, [episodes[0], episodes[2]])], VERSION, 0.0)  # both over-stale
+        batch, info = source._assemble([(1, [episodes[1], episodes[3]])], VERSION, 0.0)
+    finally:
+        source.close()
+    assert nothing is None and batch is not None
+    assert info["dropped_ids"] == ["0:0", "0:1"] and info["trained_ids"] == ["0:2", "0:3"]
+    assert len(info["time/group_seconds"]) == 2  # the dropped group's time too
+    dropped = sum(sum(episodes[i].generated) for i in (0, 2))
+    assert info["metrics"]["pipeline/wasted_tokens"] == dropped
+    assert info["metrics"]["pipeline/decoded_tokens"] == sum(sum(e.generated) for e in episodes)
+    assert sorted(batch["sampled_length"].tolist()) == sorted(float(len(e.ids)) for e in episodes)
+    assert source._carry == Carry()  # made into a batch: nothing is carried further
+
+
 class _Ep:
     def __init__(self, versions):
         self.version = versions

@@ -140,7 +140,7 @@ def test_a_worker_process_computes_on_the_threads_it_is_given(monkeypatch):
     from lrl.policy import make_policy
 
     cfg = quick_cfg(pipeline="async", rollout_workers=1, worker_threads=3)
-    policy = make_policy(make_env(cfg, run_tokenizer(cfg)).tok)
+    policy = make_policy(make_env(cfg, run_tokenizer(cfg.policy)).tok)
     board = SimpleNamespace(read_newest=lambda shadow, version: None)  # nothing published yet
     setup = Setup(cfg, 0, 1, board, type(policy), policy.config, None, shadow=policy)
     asked = []  # the process-wide thread count is not changed by the test: the calls are recorded instead

@@ -99,7 +99,7 @@ def test_a_role_of_its_own_is_taken_when_asked_for(smollm2_cut):
     from lrl.envs import make_env, run_tokenizer
 
     cfg = Config(model=str(smollm2_cut), env="calc", observation_role="wizard", allow_any_role=True)
-    spec = make_env(cfg, run_tokenizer(cfg))
+    spec = make_env(cfg, run_tokenizer(cfg.policy))
     shown = spec.tok.decode(spec.tok.observation("calc: 1 + 1 = 2"), skip_special=False)
     assert "<|im_start|>wizard\ncalc: 1 + 1 = 2" in shown
 

@@ -97,7 +97,7 @@ def test_a_run_without_a_tool_timeout_has_the_documented_bound_and_says_so(tmp_p
     from lrl.config import Config
     from lrl.envs.workers import DEFAULT_TOOL_TIMEOUT, make_tools
 
-    tools = make_tools(Config(tool_latency="lognormal:0.01:0"), torch.Generator())
+    tools = make_tools(Config(tool_latency="lognormal:0.01:0").environment, torch.Generator())
     assert tools.timeout == DEFAULT_TOOL_TIMEOUT
     out = train(*quick(model_dir, tmp_path / "runs", "--slots", "2", "--tool-latency", "lognormal:0.01:0"))
     assert out.returncode in (0, 4), out.stderr[-2000:]  # 4: a step without contrast, said so

@@ -150,7 +150,7 @@ def one_run(cell: tuple) -> dict:
         "flags": row_flags,
         "seed": seed,
         "greedy_first": evals[0]["pass_rate"] if evals else float("nan"),
-        "greedy": result.get("pass_rate", float("nan")),
+        "greedy": result.pass_rate,
         "sampled": sampled,
         "reward": mean("train/reward"),
         "mismatch": mean("mismatch/abs_mean"),

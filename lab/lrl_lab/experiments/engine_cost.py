@@ -50,7 +50,7 @@ def engine_curve(
 
     cfg = resolve(parse_args(flags))  # a named model -> its folder, as a run's preflight does
     torch.set_num_threads(cfg.threads)
-    spec = make_env(cfg, run_tokenizer(cfg))
+    spec = make_env(cfg, run_tokenizer(cfg.policy))
     tasks = list(spec.train_tasks)
     policy = make_policy(spec.tok, seed=seed).float().eval()
     sampler = make_sampler(cfg, spec.tok)
@@ -59,7 +59,7 @@ def engine_curve(
     per_slots = {}
     for n in slots:
         generator = torch.Generator().manual_seed(seed)
-        tools = make_tools(cfg, torch.Generator().manual_seed(seed + 1))
+        tools = make_tools(cfg.environment, torch.Generator().manual_seed(seed + 1))
         rollout = Rollout(
             sampler.decoder(), spec, (), generator, sampler.sampling, 0, lockstep=False, tools=tools
         )

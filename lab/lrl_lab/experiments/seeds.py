@@ -112,9 +112,9 @@ def one_seed(args: tuple) -> dict:
     return {
         "seed": seed,
         "machine": machine,
-        "pass_rate": result["pass_rate"],
-        "invalid": result["invalid"],
-        **{m: result[m] for m in run.spec.metrics},
+        "pass_rate": result.pass_rate,
+        "invalid": result.invalid,
+        **result.metrics,
         "max_late_train_invalid": max(late) if late else float("nan"),
         "warnings": len(ours),
         "warning_texts": ours,

@@ -150,7 +150,7 @@ def one_run(args: tuple) -> dict:
     by_length = sorted(per_task["tasks"].values(), key=lambda t: t["action_tokens"])
     half = len(by_length) // 2
     out.update(
-        heldout=result["pass_rate"],
+        heldout=result.pass_rate,
         mismatch=mean("mismatch/abs_mean"),
         over_cap=mean("mismatch/over_cap"),
         seq_over_cap=mean("offpolicy/seq_over_cap"),
@@ -160,8 +160,8 @@ def one_run(args: tuple) -> dict:
         heldout_short=sum(t["pass_rate"] for t in by_length[:half]) / max(half, 1),
         heldout_long=sum(t["pass_rate"] for t in by_length[half:]) / max(len(by_length) - half, 1),
         time_to_target=time_to(hist, REWARD_TARGET),
-        **{f"env_{m}": result[m] for m in run.spec.metrics},
-        heldout_invalid=result["invalid"],
+        **{f"env_{m}": result.metrics[m] for m in run.spec.metrics},
+        heldout_invalid=result.invalid,
     )
     band = totals(probe.steps)
     out.update(

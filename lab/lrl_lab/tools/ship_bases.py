@@ -21,24 +21,18 @@ from lrl.warmstart import SHIPPED, cache_dir
 def expected() -> dict[str, tuple]:
     """Folder name -> (tokenizer, builder) of every built-in base."""
     from lrl.envs.codefix import codefix_tokenizer
-    from lrl.envs.codefix.base import CodefixBaseConfig, codefix_base_key, make_codefix_base
+    from lrl.envs.codefix.base import RL_BASE as CODEFIX
     from lrl.envs.review import review_tokenizer
-    from lrl.envs.review.base import ReviewBaseConfig, make_review_base, review_base_key
+    from lrl.envs.review.base import RL_BASE as REVIEW
     from lrl.envs.tinyagent import build_tokenizer, make_tasks
-    from lrl.envs.tinyagent.base import BaseConfig, base_key, make_rl_base
+    from lrl.envs.tinyagent.base import RL_BASE as TINYAGENT
 
-    tiny, review, code = build_tokenizer(make_tasks("all")), review_tokenizer(), codefix_tokenizer()
-    return {
-        f"codefix-base-{codefix_base_key(code, CodefixBaseConfig())}": (
-            code,
-            lambda: make_codefix_base(code, verbose=True),
-        ),
-        f"base-{base_key(tiny, BaseConfig())}": (tiny, lambda: make_rl_base(tiny, verbose=True)),
-        f"review-base-{review_base_key(review, ReviewBaseConfig())}": (
-            review,
-            lambda: make_review_base(review, verbose=True),
-        ),
-    }
+    built = (
+        (CODEFIX, codefix_tokenizer()),
+        (TINYAGENT, build_tokenizer(make_tasks("all"))),
+        (REVIEW, review_tokenizer()),
+    )
+    return {base.folder(tok): (tok, lambda base=base, tok=tok: base.policy(tok, verbose=True)) for base, tok in built}
 
 
 def main(argv: list[str] | None = None) -> int:

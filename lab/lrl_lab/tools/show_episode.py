@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = check_model_folder(cfg.model)  # before its tokenizer is looked for in it
         if problems:
             raise ConfigError("; ".join(problems))
-        spec = make_env(cfg, run_tokenizer(cfg))
+        spec = make_env(cfg, run_tokenizer(cfg.policy))
         model, _ = load_policy(cfg.model, spec.tok)
     except (ConfigError, ValueError) as err:
         print(f"lrl_lab.tools.show_episode: error: {err}", file=sys.stderr)

@@ -10,11 +10,12 @@ cores (docs/real_model.md).
 
 from __future__ import annotations
 
-from lrl.envs.base import EnvSpec
+from lrl.envs.base import EnvSpec, tokenizer_option
 from lrl.envs.calc.calculator import LINE_CHARACTERS, LONGEST_LINE
 from lrl.envs.calc.env import CalcEnv, evaluate, parse
 from lrl.envs.calc.tasks import CalcTask, make_calc_tasks
 from lrl.registry import ENVS
+from lrl.sections import EnvironmentOptions, PolicyOptions
 
 INSTRUCTIONS = "You have a calculator. To use it, reply: calc <expression>. To give your final answer, reply: answer <number>."
 ACTION_TOKENS = 40  # the longest reply of one turn, its end-of-turn token included
@@ -36,31 +37,17 @@ CALC_DEFAULTS = {
 }
 
 
-def _check(cfg) -> list[str]:
-    n = len(make_calc_tasks("train"))
-    if cfg.tasks_per_step > n:
-        return [f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of calc"]
-    return []
-
-
-@ENVS.register("calc", uses=("max_turns",), check=_check, defaults=CALC_DEFAULTS, instructions=INSTRUCTIONS)
-def calc(cfg, tok=None) -> EnvSpec:
+@ENVS.register("calc", uses=("max_turns",), defaults=CALC_DEFAULTS, instructions=INSTRUCTIONS)
+def calc(environment: EnvironmentOptions, policy: PolicyOptions, tok=None) -> EnvSpec:
     """word problems with a calculator tool, for a chat model (default --model smollm2-135m)"""
     if tok is None or not getattr(tok, "chat", False):
         from lrl.errors import ConfigError
 
-        source = (
-            f"--tokenizer {cfg.tokenizer}"
-            if cfg.tokenizer
-            else f"--model {cfg.model}"
-            if cfg.model
-            else "none"
-        )
         raise ConfigError(
-            f"env: calc needs a chat model's tokenizer, and the run's ({source}) has no chat template; give --model "
-            "a chat model (e.g. smollm2-135m)"
+            f"env: calc needs a chat model's tokenizer, and the run's ({tokenizer_option(policy, 'calc')}) has no "
+            "chat template; give --model a chat model (e.g. smollm2-135m)"
         )
-    return calc_spec(tok, cfg.max_turns)
+    return calc_spec(tok, environment.max_turns)
 
 
 def longest_observation(tok) -> int:

@@ -17,13 +17,13 @@ from lrl.envs.codefix.folder import TaskFolderError, load_tasks
 from lrl.envs.codefix.tasks import (
     FAMILIES,
     MAX_CANDIDATES,
-    N_TRAIN,
     CodeTask,
     make_code_tasks,
     vocabulary_words,
 )
 from lrl.envs.workers import REAL_TOOL_ENVS
 from lrl.registry import ENVS
+from lrl.sections import EnvironmentOptions
 from lrl.tokenizers import WordTokenizer
 
 _POOLS: dict = {}
@@ -60,7 +60,7 @@ def close_pools() -> None:
 def codefix_spec(tok=None, max_turns: int = 5, tasks_dir=None, workers: int = 0, level: str = "auto",
                  wall: float = 1.0, retries: int = 1) -> EnvSpec:  # fmt: skip
     """The codefix EnvSpec: its word tokenizer (or `tok`), the generated tasks or a folder's, the pool's settings."""
-    from lrl.envs.codefix.base import make_codefix_base
+    from lrl.envs.codefix.base import RL_BASE
 
     tok = tok if tok is not None else codefix_tokenizer()
     tasks = load_tasks(tasks_dir) if tasks_dir else make_code_tasks("all")
@@ -80,45 +80,29 @@ def codefix_spec(tok=None, max_turns: int = 5, tasks_dir=None, workers: int = 0,
         heldout_tasks=heldout,
         max_action_tokens=budget,
         metrics=("tests",),
-        warm_start=lambda: make_codefix_base(tok, verbose=True),
+        warm_start=lambda: RL_BASE.policy(tok, verbose=True),
         max_episode_tokens=longest,
         actions=actions,
         counters=COUNTERS,
     )
 
 
-def _check(cfg) -> list[str]:
-    """The values alone: a turn to test before submitting; a step's tasks within the generated train tasks (a
-    folder's are counted by the preflight, which reads it)."""
-    problems = []
-    if cfg.codefix_tasks is None and cfg.tasks_per_step > N_TRAIN:
-        problems.append(
-            f"tasks_per_step: {cfg.tasks_per_step} is more than the {N_TRAIN} train tasks of codefix"
-        )
-    if cfg.max_turns < 2:
-        problems.append(
-            f"max_turns: {cfg.max_turns} leaves no turn to test a candidate before submitting one"
-        )
-    return problems
+def _check(environment: EnvironmentOptions) -> list[str]:
+    """The values alone: a turn to test before submitting."""
+    if environment.max_turns < 2:
+        return [f"max_turns: {environment.max_turns} leaves no turn to test a candidate before submitting one"]
+    return []
 
 
-def _check_machine(cfg) -> list[str]:
-    """The preflight's: a task folder that can be read and holds enough train tasks; a sandbox level asked by
-    name that works on this machine (a probe, in a process of its own)."""
-    problems = []
-    if cfg.codefix_tasks is not None:
+def _check_machine(environment: EnvironmentOptions) -> list[str]:
+    """The preflight's: a task folder that can be read; a sandbox level asked by name that works on this machine
+    (a probe, in a process of its own)."""
+    if environment.codefix_tasks is not None:
         try:
-            tasks = load_tasks(cfg.codefix_tasks)
+            load_tasks(environment.codefix_tasks)
         except TaskFolderError as err:
             return [f"codefix_tasks: {err}"]
-        n = sum(t.split == "train" for t in tasks)
-        if cfg.tasks_per_step > n:
-            problems.append(
-                f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of codefix"
-            )
-    if cfg.sandbox == "namespaces":
-        problems += _namespaces_work(cfg.test_timeout)
-    return problems
+    return _namespaces_work(environment.test_timeout) if environment.sandbox == "namespaces" else []
 
 
 INSTRUCTIONS = (
@@ -170,11 +154,10 @@ CODEFIX_DEFAULTS = {
     defaults=CODEFIX_DEFAULTS,
     instructions=INSTRUCTIONS,
 )
-def codefix(cfg, tok=None) -> EnvSpec:
+def codefix(environment: EnvironmentOptions, tok=None) -> EnvSpec:
     """fix a bug: test candidate patches in real sandboxed test runs, submit one (reward: a real run passes)"""
-    return codefix_spec(
-        tok, cfg.max_turns, cfg.codefix_tasks, cfg.env_workers, cfg.sandbox, cfg.test_timeout, cfg.env_retries
-    )
+    e = environment
+    return codefix_spec(tok, e.max_turns, e.codefix_tasks, e.env_workers, e.sandbox, e.test_timeout, e.env_retries)
 
 
 REAL_TOOL_ENVS.add("codefix")

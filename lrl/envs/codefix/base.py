@@ -11,49 +11,34 @@ to learn to test first. The verdicts are written from the demonstration's own dr
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-from dataclasses import asdict, dataclass, replace
-
-import torch
+import sys
+from dataclasses import dataclass, replace
 
 from lrl.envs.codefix.tasks import AGENT_OBS, FAMILIES, K
-from lrl.policy import make_policy
-from lrl.warmstart import (
-    cached_policy,
-    fit_demonstrations,
-    fixed_threads,
-    source_fingerprint,
-    tokenizer_fingerprint,
-)
+from lrl.warmstart import Demo, WarmStart, WarmStartOptions
 
 DEMO_SEED = 4711
 
 
 @dataclass(frozen=True)
-class CodefixBaseConfig:
-    """Hyper-parameters of the warm start; part of the cache key."""
+class CodefixBaseConfig(WarmStartOptions):
+    """Hyper-parameters of the warm start; part of the cache key. The first phase (``rule_steps``) trains on
+    test-until-pass demonstrations only (it learns to read a verdict); the second on the mix below, which sets how
+    often the base tests first."""
 
-    rule_steps: int = 600
-    """first phase: test-until-pass demonstrations only (learns to read a verdict)"""
     steps: int = 200
-    """second phase: the mix below (sets how often the base tests first)"""
-    batch_size: int = 64
-    lr: float = 3e-3
     until_pass: float = 0.5
     """share of test-until-pass demonstrations; the rest are decision demonstrations"""
     test_prob: float = 0.15
     """probability that a decision demonstration tests first"""
-    seed: int = 0
-    threads: int = 2
 
 
 def _prompt(family: str, k: int) -> str:
     return f"fix : {family} . candidates {' '.join(str(j) for j in range(1, k + 1))} ."
 
 
-def demonstration(tok, rng: random.Random, cfg: CodefixBaseConfig) -> tuple[list[int], list[bool]]:
+def demonstration(tok, rng: random.Random, hp: CodefixBaseConfig) -> Demo:
     family = rng.choice(["task", *sorted(FAMILIES)])
     k = K
     ids = tok.prompt(_prompt(family, k))
@@ -70,7 +55,7 @@ def demonstration(tok, rng: random.Random, cfg: CodefixBaseConfig) -> tuple[list
         loss.extend([False] * len(o))
 
     total = rng.choice([2, 3, 3, 3, 4, 5])
-    if rng.random() < cfg.until_pass:
+    if rng.random() < hp.until_pass:
         start = rng.randrange(k)
         order = [(start + i) % k + 1 for i in range(k)]  # in turn from a random one: after K, test K + 1
         good = rng.choice(order)
@@ -83,44 +68,17 @@ def demonstration(tok, rng: random.Random, cfg: CodefixBaseConfig) -> tuple[list
             kind = rng.choice(AGENT_OBS)
             passed = rng.randrange(total) if kind == "failed" else 0
             see(f"{c} {kind} {passed} of {total}")
-    elif rng.random() < cfg.test_prob:
+    elif rng.random() < hp.test_prob:
         act(f"test {rng.randrange(1, k + 1)}", True)
     else:
         act(f"submit {rng.randrange(1, k + 1)}", True)
     return ids, loss
 
 
-def train_codefix_base(
-    tok, cfg: CodefixBaseConfig = CodefixBaseConfig(), log_every: int = 0
-) -> torch.nn.Module:
-    rng = random.Random(DEMO_SEED + cfg.seed)
-
-    rule = replace(cfg, until_pass=1.0)
-
-    def draw(step: int):
-        return [
-            demonstration(tok, rng, rule if step < cfg.rule_steps else cfg) for _ in range(cfg.batch_size)
-        ]
-
-    with fixed_threads(cfg.threads):
-        model = make_policy(tok, seed=cfg.seed)
-        return fit_demonstrations(model, draw, cfg.rule_steps + cfg.steps, cfg.lr, tok.pad_id, log_every)
+def draw(tok, rng: random.Random, hp: CodefixBaseConfig, step: int) -> list[Demo]:
+    """A step's demonstrations: test-until-pass alone for the first ``rule_steps``, then the mix."""
+    phase = replace(hp, until_pass=1.0) if step < hp.rule_steps else hp
+    return [demonstration(tok, rng, phase) for _ in range(hp.batch_size)]
 
 
-def codefix_base_key(tok, cfg: CodefixBaseConfig) -> str:
-    import sys
-
-    from lrl.policy import DEFAULT_SIZE
-
-    code = source_fingerprint(sys.modules[__name__], fit_demonstrations, make_policy)
-    blob = json.dumps(
-        ["codefix", asdict(cfg), tokenizer_fingerprint(tok), DEFAULT_SIZE, code], sort_keys=True
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def make_codefix_base(
-    tok, cfg: CodefixBaseConfig = CodefixBaseConfig(), cache: bool = True, verbose: bool = False
-):
-    build = lambda: train_codefix_base(tok, cfg, log_every=100 if verbose else 0)  # noqa: E731
-    return cached_policy(f"codefix-base-{codefix_base_key(tok, cfg)}", tok, build, cache, verbose)
+RL_BASE = WarmStart("codefix-base", CodefixBaseConfig(), draw, DEMO_SEED, code=(sys.modules[__name__],))

@@ -10,6 +10,7 @@ from lrl.envs.base import EnvSpec
 from lrl.envs.review.env import ReviewEnv, action_budget
 from lrl.envs.review.tasks import MAX_LINES, PAGE, ReviewTask, make_reviews, random_review, review_words
 from lrl.registry import ENVS
+from lrl.sections import EnvironmentOptions
 from lrl.tokenizers import WordTokenizer
 
 
@@ -19,7 +20,7 @@ def review_tokenizer() -> WordTokenizer:
 
 def review_spec(tok=None, max_turns: int = 14) -> EnvSpec:
     """The review environment's EnvSpec for a tokenizer (None: its word tokenizer) and turn limit."""
-    from lrl.envs.review.base import make_review_base
+    from lrl.envs.review.base import RL_BASE
 
     tok = tok if tok is not None else review_tokenizer()
     return EnvSpec(
@@ -30,7 +31,7 @@ def review_spec(tok=None, max_turns: int = 14) -> EnvSpec:
         heldout_tasks=make_reviews("heldout"),
         max_action_tokens=action_budget(tok),
         metrics=("wrong", "lines"),
-        warm_start=lambda: make_review_base(tok, verbose=True),
+        warm_start=lambda: RL_BASE.policy(tok, verbose=True),
         eval_decode="kvcache",
         max_episode_tokens=longest_episode(tok, max_turns),
         actions=example_actions(),
@@ -51,13 +52,6 @@ def longest_episode(tok, max_turns: int) -> int:
     return len(tok.prompt(task.prompt)) + observations + pages * action_budget(tok)
 
 
-def _check(cfg) -> list[str]:
-    n = len(make_reviews("train"))
-    if cfg.tasks_per_step > n:
-        return [f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of review"]
-    return []
-
-
 INSTRUCTIONS = (
     "You review a program one page at a time. Judge every line of the page, in order: reply with each line's "
     "number followed by ok or bad, on one line and nothing else, for example '1 ok 2 bad 3 ok'."
@@ -66,17 +60,17 @@ REVIEW_DEFAULTS = {
     "max_turns": 14,
     "sampler": "engine",
     "tasks_per_step": 8,
-    "episodes_per_task": 8,  # 4 per task collapsed into malformed actions (docs/review.md)
+    "episodes_per_task": 8,  # 4 per task collapsed into malformed actions (docs/results/review.md)
     "minibatches": 2,
     "eval_episodes": 4,
     "eval_every": 10,
 }
 
 
-@ENVS.register("review", uses=("max_turns",), check=_check, defaults=REVIEW_DEFAULTS, instructions=INSTRUCTIONS)
-def review(cfg, tok=None) -> EnvSpec:
+@ENVS.register("review", uses=("max_turns",), defaults=REVIEW_DEFAULTS, instructions=INSTRUCTIONS)
+def review(environment: EnvironmentOptions, tok=None) -> EnvSpec:
     """judge every line of a 20-140 line file, a page per turn (long, varied episodes; reward 1 if all right)"""
-    return review_spec(tok, cfg.max_turns)
+    return review_spec(tok, environment.max_turns)
 
 
 __all__ = [

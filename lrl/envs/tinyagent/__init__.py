@@ -10,6 +10,7 @@ from lrl.envs.base import EnvSpec
 from lrl.envs.tinyagent.env import BugFixEnv
 from lrl.envs.tinyagent.tasks import N_LINES, Task, make_tasks, random_task, vocabulary_words
 from lrl.registry import ENVS
+from lrl.sections import EnvironmentOptions
 from lrl.tokenizers import WordTokenizer
 
 
@@ -22,13 +23,6 @@ def build_tokenizer(tasks=()) -> WordTokenizer:
     return WordTokenizer(words)
 
 
-def _check(cfg) -> list[str]:
-    n = len(make_tasks("train"))
-    if cfg.tasks_per_step > n:
-        return [f"tasks_per_step: {cfg.tasks_per_step} is more than the {n} train tasks of tinyagent"]
-    return []
-
-
 # a chat model's system message (--system-prompt replaces it): what the actions are, in words
 INSTRUCTIONS = (
     "You find the bug in a short program written in prefix notation. Reply with exactly one action and nothing "
@@ -37,15 +31,15 @@ INSTRUCTIONS = (
 )
 
 
-@ENVS.register("tinyagent", uses=("max_turns",), check=_check, instructions=INSTRUCTIONS)
-def tinyagent(cfg, tok=None) -> EnvSpec:
+@ENVS.register("tinyagent", uses=("max_turns",), instructions=INSTRUCTIONS)
+def tinyagent(environment: EnvironmentOptions, tok=None) -> EnvSpec:
     """the TinyAgent bug-fix gym: read the source, answer the buggy line (reward 1 or 0)"""
-    return tinyagent_spec(tok, cfg.max_turns)
+    return tinyagent_spec(tok, environment.max_turns)
 
 
 def tinyagent_spec(tok=None, max_turns: int = 3) -> EnvSpec:
     """TinyAgent's EnvSpec for a tokenizer (None: the gym's word tokenizer) and turn limit."""
-    from lrl.envs.tinyagent.base import make_rl_base
+    from lrl.envs.tinyagent.base import RL_BASE
 
     tok = tok if tok is not None else build_tokenizer(make_tasks("all"))
     actions = ("read", *(f"answer {k}" for k in range(1, N_LINES + 1)))
@@ -62,7 +56,7 @@ def tinyagent_spec(tok=None, max_turns: int = 3) -> EnvSpec:
         heldout_tasks=make_tasks("heldout"),
         max_action_tokens=budget,
         metrics=("reads",),
-        warm_start=lambda: make_rl_base(tok, verbose=True),
+        warm_start=lambda: RL_BASE.policy(tok, verbose=True),
         max_episode_tokens=longest,
         actions=actions,
     )

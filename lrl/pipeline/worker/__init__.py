@@ -6,7 +6,7 @@ Names load on first use: a spawned worker imports this package before anything h
 
 from __future__ import annotations
 
-from importlib import import_module
+from lrl.lazy import lazy_names
 
 _LAZY = {
     "worker_main": "lrl.pipeline.worker.shell",
@@ -19,7 +19,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lrl.pipeline.worker' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)

@@ -59,7 +59,8 @@ class Deterministic(Mode):
             batch_seed(stream_seed(seed, TOOL_LATENCY), worker.rank, b)
         )
         clock = LogicalClock()
-        self.rollout = self.new_rollout(generator, make_tools(self.cfg, self.tool_generator, clock), clock)
+        tools = make_tools(self.cfg.environment, self.tool_generator, clock)
+        self.rollout = self.new_rollout(generator, tools, clock)
         self.batch_done = {}
         self.batch_started = time.time()
         self.open_groups(work.groups)
@@ -136,7 +137,7 @@ class Deterministic(Mode):
             worker.failing_spec,
             task_of,
             lockstep=not self.cfg.slots,
-            tools=make_tools(self.cfg, self.tool_generator, clock),
+            tools=make_tools(self.cfg.environment, self.tool_generator, clock),
             clock=clock,
         )
         self.rollout.trace = True

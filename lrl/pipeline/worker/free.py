@@ -38,7 +38,7 @@ class FreeRunning(Mode):
         from lrl.envs.workers import make_tools
 
         self.worker.load(None)
-        self.rollout = self.new_rollout(self.generator, make_tools(self.cfg, self.tool_generator))
+        self.rollout = self.new_rollout(self.generator, make_tools(self.cfg.environment, self.tool_generator))
 
     def accept(self, work: Work) -> None:
         self.units.append(work)
@@ -106,7 +106,7 @@ class FreeRunning(Mode):
             worker.failing_spec,
             worker.task_ids.__getitem__,
             lockstep=not self.cfg.slots,
-            tools=make_tools(self.cfg, self.tool_generator),
+            tools=make_tools(self.cfg.environment, self.tool_generator),
         )
         self.rollout.trace = True
         self.generator = self.rollout.generator

@@ -85,7 +85,7 @@ class Worker:
         self.outbox = outbox
         self.cfg = setup.cfg  # checked and resolved once, by the trainer's preflight; rebuilt on its way here
         self.world = setup.world
-        self.spec = make_env(self.cfg, run_tokenizer(self.cfg))
+        self.spec = make_env(self.cfg, run_tokenizer(self.cfg.policy))
         self.env_generator = torch.Generator().manual_seed(
             batch_seed(stream_seed(self.cfg.seed, ENV_FAILURES), self.rank, index)
         )
