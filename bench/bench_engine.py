@@ -25,7 +25,7 @@ from lrl.batch import pad_right
 from lrl.envs.tinyagent import build_tokenizer, make_tasks
 from lrl.kvcache import engine_generate
 from lrl.policy import make_policy
-from lrl.tools.mismatch import gym_prompts, ragged
+from lrl_lab.tools.mismatch import gym_prompts, ragged
 
 
 def recompute_generate(model, prompts, new_tokens, generator, pad_id):
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
     if args.layers:
         size["num_hidden_layers"] = args.layers
     if args.shape:
-        from lrl.tools.mismatch import random_model
+        from lrl_lab.tools.mismatch import random_model
 
         model = random_model(args.shape)
     else:

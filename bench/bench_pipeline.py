@@ -9,7 +9,7 @@ Part 1 runs ``python train.py`` (evaluation and checkpoints off, one torch threa
 second, mean ± standard error over repeats, and each mode's ratio to sync; the deterministic row is what the
 logical clock costs against free-running async. Part 2 measures, on one thread, the seconds a rollout worker
 takes to generate one group of episodes on its own (the base policy on the train tasks), and gives those
-durations, with the synchronous run's training time per step, to the simulator (`lrl.sim`) for 64 workers with
+durations, with the synchronous run's training time per step, to the simulator (`lrl_lab.sim`) for 64 workers with
 one group per job: steps per second at staleness bounds 0 (synchronous), 1, 2 and 4. The projection holds the
 trainer's time fixed (one trainer, as here); it is a model, not a measurement.
 
@@ -39,9 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from lrl.experiments.calibrate import SKIP, steps_per_s  # noqa: E402
-from lrl.experiments.stats import mean_se  # noqa: E402
-from lrl.experiments.workload import RUN_FLAGS, WORKLOAD, train_command  # noqa: E402  the same train.py flags as the experiment
+from lrl_lab.experiments.calibrate import SKIP, steps_per_s  # noqa: E402
+from lrl_lab.experiments.stats import mean_se  # noqa: E402
+from lrl_lab.experiments.workload import RUN_FLAGS, WORKLOAD, train_command  # noqa: E402  the same train.py flags as the experiment
 
 MODES = {
     "sync": [],
@@ -105,7 +105,7 @@ def project(
 ):
     import torch
 
-    from lrl.sim import simulate_pipeline
+    from lrl_lab.sim import simulate_pipeline
 
     rows = {}
     for eta in (0, 1, 2, 4):
@@ -260,7 +260,7 @@ def backends_main(args) -> int:
 
 
 # -- --slotted: the slow-tool workload --------------------------------------------------------------------
-SLOTTED = WORKLOAD  # the designs experiment's workload (lrl.experiments.designs)
+SLOTTED = WORKLOAD  # the designs experiment's workload (lrl_lab.experiments.designs)
 SLOTTED_MODES = {
     "sync": [],
     "async, bound 1": ["--pipeline", "async", "--max-staleness", "1", "--partial-rollouts", "interrupt"],

@@ -69,7 +69,7 @@ def best(fn, repeats: int) -> float:
 
 def prompts_of(tok, n: int) -> list[list[int]]:
     from lrl.envs.tinyagent import make_tasks
-    from lrl.tools.mismatch import gym_prompts
+    from lrl_lab.tools.mismatch import gym_prompts
 
     base = gym_prompts(tok, make_tasks("all"))
     return [base[i % len(base)] for i in range(n)]
@@ -117,7 +117,7 @@ def vllm_rows(model, prompts, new_tokens, repeats, flops_per_token, limit, b):
 
     if vllm_missing():
         return []
-    from lrl.tools.mismatch_engines import VLLMScorer
+    from lrl_lab.tools.mismatch_engines import VLLMScorer
 
     args = argparse.Namespace(
         vllm_kv_cache=512, vllm_dtype="bfloat16", engine_dtype="bfloat16", seed=0, temperature=1.0,
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip-vllm", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from lrl.tools.mismatch import load_model
+    from lrl_lab.tools.mismatch import load_model
 
     model, tok = load_model(args.model, "cpu")
     params = sum(q.numel() for q in model.parameters())

@@ -5,15 +5,15 @@
                                    [--load-slots 64 1024 16384] [--windowed-slots 1024 ... 1048576]
 
 Every run simulates `steps` steps of an asynchronous pipeline with partial rollouts (batch = slots, 60 s
-training, 10 s sync, bound eta) on one pool of pre-drawn agent durations (lrl.sim.durations). It prints:
+training, 10 s sync, bound eta) on one pool of pre-drawn agent durations (lrl_lab.sim.durations). It prints:
 
-1. the simulator and lrl/sim/reference.py (a plain scan of every slot at every event) on the same run at
+1. the simulator and lab/lrl_lab/sim/reference.py (a plain scan of every slot at every event) on the same run at
    `--compare-slots`, both times, their ratio, and whether every number agrees (throughput, slot use,
    staleness mean, max and histogram, trained duration);
 2. one row per `--slots`: events, seconds with and without the event log, events per second; the largest
    row is the one-core time of the biggest run;
-3. the load model (episodes as turns on an engine that batches its decoding, lrl.sim.board) at each
-   `--load-slots` event by event and at each `--windowed-slots` in windows (lrl.sim.windowed): episodes,
+3. the load model (episodes as turns on an engine that batches its decoding, lrl_lab.sim.board) at each
+   `--load-slots` event by event and at each `--windowed-slots` in windows (lrl_lab.sim.windowed): episodes,
    seconds, microseconds an episode, and where both ran, how far apart their numbers are.
 
 Times come from one run on a shared machine: read the ratios within a run, not the absolute numbers. A row
@@ -29,8 +29,8 @@ import tracemalloc
 
 import torch
 
-from lrl.sim import agent_episode_durations, simulate_pipeline
-from lrl.sim.reference import scan_reference
+from lrl_lab.sim import agent_episode_durations, simulate_pipeline
+from lrl_lab.sim.reference import scan_reference
 
 COMPARED = ("throughput", "gen_util", "staleness_mean", "staleness_max", "staleness_hist", "trained_duration")
 LOG_UP_TO = 65_536  # slots up to which the run with the event log is timed too (the log is a tuple per event)
@@ -77,7 +77,7 @@ def compare(pool: torch.Tensor, slots: int, steps: int, eta: int, repeats: int =
     differ = [key for key in COMPARED if got[key] != want[key]]
     events_same = got["events"] == want["events"]
     print(
-        f"{slots:,} slots against the slot-scanning reference (lrl/sim/reference.py), event log kept by both:"
+        f"{slots:,} slots against the slot-scanning reference (lab/lrl_lab/sim/reference.py), event log kept by both:"
     )
     print(
         f"  reference {reference_s:.3f} s, simulator {simulator_s:.4f} s (best of {repeats} each): "
@@ -114,13 +114,13 @@ def load_rows(
     window_steps: float | None = None,
     group: int = 8,
 ) -> None:
-    """The board simulator's load model at each slot count, event by event (lrl.sim.load) and in windows
-    (lrl.sim.windowed), and how far apart the two are where both ran: batch = slots in groups of `group`, turns
+    """The board simulator's load model at each slot count, event by event (lrl_lab.sim.load) and in windows
+    (lrl_lab.sim.windowed), and how far apart the two are where both ran: batch = slots in groups of `group`, turns
     cycled from a pool of 65,536 episodes, a step of 20 ms + 50 us per episode decoding, 60 s train, 10 s
     weight load, a worker that sees its messages at once (wait slice 0, as the windowed model has it)."""
-    from lrl.sim.board import simulate_board
-    from lrl.sim.load import EngineCurve
-    from lrl.sim.windowed import simulate_windowed
+    from lrl_lab.sim.board import simulate_board
+    from lrl_lab.sim.load import EngineCurve
+    from lrl_lab.sim.windowed import simulate_windowed
 
     pool = draw_turns(65_536, seed)
     curve = EngineCurve.linear(0.02, 5e-5)
@@ -199,7 +199,7 @@ def main() -> int:
         type=int,
         nargs="*",
         default=[1024, 16384, 262144, 1048576],
-        help="slots of the windowed load model's rows (lrl.sim.windowed; 1,048,576 takes about 50 s)",
+        help="slots of the windowed load model's rows (lrl_lab.sim.windowed; 1,048,576 takes about 50 s)",
     )
     p.add_argument(
         "--window-steps",

@@ -69,7 +69,7 @@ def generation_rows(shape: str, repeats: int) -> list[tuple[str, float]]:
     from lrl.envs.tinyagent import build_tokenizer, make_tasks
     from lrl.kvcache import engine_generate
     from lrl.samplers import VLLMSampler
-    from lrl.tools.mismatch import gym_prompts, random_model
+    from lrl_lab.tools.mismatch import gym_prompts, random_model
 
     tok = build_tokenizer(make_tasks("all"))
     if shape == "tiny":
@@ -126,7 +126,7 @@ def sync_ms(shape: str) -> tuple[int, float]:
 
     from lrl.envs.tinyagent import build_tokenizer, make_tasks
     from lrl.samplers import VLLMSampler
-    from lrl.tools.mismatch import random_model
+    from lrl_lab.tools.mismatch import random_model
 
     tok = build_tokenizer(make_tasks("all"))
     if shape == "tiny":

@@ -45,14 +45,14 @@ fi
 if wants smollm2; then
   if python -c "from lrl.models import NAMED_MODELS, locate; locate(NAMED_MODELS['smollm2-135m'])" > /dev/null 2>&1
   then
-    step mismatch_smollm2 180 python -m lrl.mismatch --model smollm2-135m --device cuda --also engine-fp32 fp8 \
+    step mismatch_smollm2 180 python -m lrl_lab.mismatch --model smollm2-135m --device cuda --also engine-fp32 fp8 \
       --engine-batch --ragged --json "$OUT/mismatch_smollm2.json"
     step train_smollm2 270 python train.py --env calc --accelerator gpu --seed 0 --progress false \
       --log-dir "$OUT/runs_calc" --history-file "$OUT/train_smollm2.jsonl"
     python - "$OUT/runs_calc" > "$OUT/train_smollm2_evals.txt" 2>&1 <<'PY'
 import sys
 from pathlib import Path
-from lrl.tools.plot_run import read_scalars
+from lrl_lab.tools.plot_run import read_scalars
 for run in sorted(Path(sys.argv[1]).glob("*/version_*")):
     scalars = read_scalars(run)
     for tag in ("val/pass_rate", "val/calls", "val/invalid"):
@@ -64,10 +64,10 @@ PY
   fi
 fi
 if wants qwen3; then
-  step mismatch_engine 150 python -m lrl.mismatch --device cuda --random-model qwen3-0.6b --engine-dtype bfloat16 \
+  step mismatch_engine 150 python -m lrl_lab.mismatch --device cuda --random-model qwen3-0.6b --engine-dtype bfloat16 \
     --ragged --engine-batch --json "$OUT/mismatch_engine.json"
   if python -c "import vllm" > /dev/null 2>&1; then
-    step mismatch_vllm 180 python -m lrl.mismatch --device cuda --random-model qwen3-0.6b --sampler vllm \
+    step mismatch_vllm 180 python -m lrl_lab.mismatch --device cuda --random-model qwen3-0.6b --sampler vllm \
       --vllm-dtype bfloat16 --ragged --engine-batch --json "$OUT/mismatch_vllm.json"
   else
     echo "== mismatch_vllm skipped: vllm is not installed (pip install vllm)" | tee -a "$OUT/summary.txt"

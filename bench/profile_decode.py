@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     from bench_real_model import machine, prompts_of
 
     from lrl.kvcache import engine_generate
-    from lrl.tools.mismatch import load_model
+    from lrl_lab.tools.mismatch import load_model
 
     model, tok = load_model(args.model, "cpu")
     if args.dtype == "bf16":

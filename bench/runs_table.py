@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from lrl.tools.plot_run import read_events
+from lrl_lab.tools.plot_run import read_events
 
 
 def run_folders(pattern: str) -> list[Path]:

@@ -81,6 +81,11 @@ class Config:
             raise ConfigError("; ".join(problems))
         return cfg
 
+    def __reduce__(self):
+        """A config crosses to another process (a rollout worker's setup) as its values and is rebuilt there as
+        the preflight resolved it (:meth:`resolved`): so a worker is handed its config and never builds one."""
+        return type(self).resolved, (self.to_dict(),)
+
     def _fill(self, values: dict[str, Any]) -> None:
         """The sections from flat names and/or whole sections; paths expanded."""
         unknown = [k for k in values if k not in OPTIONS and k not in SECTIONS]

@@ -1,8 +1,6 @@
-"""``python -m lrl.mismatch``: the training-inference mismatch tool (lrl/tools/mismatch.py)."""
-
-import sys
-
-from lrl.tools.mismatch import main
+"""``python -m lrl.mismatch``: the former name of ``python -m lrl_lab.mismatch``, in the lab (lrl/former_names.py)."""
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from lrl.former_names import forward
+
+    forward("lrl.mismatch", "lrl_lab.mismatch")

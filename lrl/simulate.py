@@ -1,8 +1,6 @@
-"""``python -m lrl.simulate``: the simulator's command line under its former name (see lrl/sim/cli.py)."""
-
-import sys
-
-from lrl.sim.cli import main
+"""``python -m lrl.simulate``: the former name of ``python -m lrl_lab.sim``, in the lab (lrl/former_names.py)."""
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from lrl.former_names import forward
+
+    forward("lrl.simulate", "lrl_lab.sim")

@@ -1,7 +1,7 @@
 """Every statistic of a log-prob mismatch d = log pi - log mu, and of staleness, as small pure functions.
 
 The one home of these numbers: the trainer's per-step metrics, the monitoring callbacks and
-``python -m lrl.mismatch`` all call them. Every function takes ``d`` (or two log-prob tensors) of shape
+``python -m lrl_lab.mismatch`` all call them. Every function takes ``d`` (or two log-prob tensors) of shape
 ``[B, T]`` and an optional boolean ``mask [B, T]`` of the tokens that count (the action tokens); without a
 mask every entry counts. Everything is computed from the *raw* ratios, before any truncation (TIS) or
 masking (MIS): statistics taken after clamping hide the outliers they exist to show. Quantiles sort a

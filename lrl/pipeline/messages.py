@@ -26,7 +26,9 @@ class Group:
 class Setup:
     """Everything a worker needs that is too heavy for its process arguments: sent first, after spawn."""
 
-    cfg: dict
+    # the run's lrl.config.Config, as its values on the way (a pickled config is rebuilt by Config.resolved:
+    # plugins loaded, nothing checked again), so that the worker never imports the config that imports it
+    cfg: Any
     rank: int
     world: int  # ranks in the run (the worker's share of a batch depends on it)
     board: Any  # a lrl.pipeline.backends.base.Board: shared memory, or Ray's object store

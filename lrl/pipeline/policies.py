@@ -11,7 +11,7 @@ a rollout backend. The pipeline's parts call the hooks and never ask which polic
   trainer's step times, and logs :meth:`~StalePolicy.metrics` with the batch;
 - a free-running worker (:class:`lrl.pipeline.worker.free.FreeRunning`) calls :meth:`~StalePolicy.published` once
   for each newer version it sees on the board, with its mechanisms at hand (stop stale episodes, cut groups);
-- the simulator (:mod:`lrl.sim.policy`) builds the same objects from the registry and calls the same hooks on its
+- the simulator (:mod:`lrl_lab.sim.policy`) builds the same objects from the registry and calls the same hooks on its
   own schedule and workers, so a plugin's policy is simulated as it runs (:meth:`~StalePolicy.wakes` tells it
   when a waiting take is to be asked again).
 
@@ -20,7 +20,7 @@ there only :meth:`~StalePolicy.verdict` applies. Built in: ``drop`` (the default
 ``oldest-first``, ``cut``, ``ordered`` (docs/pipeline.md, "Staleness policies"), and ``none``, the throttle alone
 (``--staleness-drop false``).
 
-Also here, written once for the pipeline and its simulator (:mod:`lrl.sim`): the throttle (:func:`issue_limit`)
+Also here, written once for the pipeline and its simulator (:mod:`lrl_lab.sim`): the throttle (:func:`issue_limit`)
 and a worker's capacity (:func:`unit_episodes`, :func:`worker_capacity`). This module imports nothing heavy: the
 simulator and a spawned worker import it.
 """
@@ -58,7 +58,7 @@ class ScheduleView(Protocol):
     @property
     def now(self) -> float:
         """The schedule's clock, in seconds: ``time.monotonic()`` in the pipeline, the simulated time in the
-        simulator (:mod:`lrl.sim.policy`)."""
+        simulator (:mod:`lrl_lab.sim.policy`)."""
 
     def ask_cut(self, serials: Sequence[int], now: float) -> None:
         """Ask the workers holding `serials` to send them without their unfinished episodes."""
@@ -108,7 +108,7 @@ class StalePolicy(Protocol):
     def wakes(self) -> float | None:
         """While a take waits (:meth:`choose` returned None): when, on the schedule's clock (``schedule.now``), it
         is to be asked again though no group came; None: only when one comes. The pipeline asks again at every
-        message and at least every poll; the simulator (:mod:`lrl.sim`) asks again at this time."""
+        message and at least every poll; the simulator (:mod:`lrl_lab.sim`) asks again at this time."""
 
 
 def register_stale_policy(name: str, *, uses=(), check=None, help: str = ""):
@@ -275,6 +275,12 @@ STALE_POLICIES = tuple(cls.name for cls in (Drop, Mask, Abort, OldestFirst, Cut,
 DEFAULT_POLICY = Drop.name  # --stale-policy's default
 
 
+def is_default(name: str) -> bool:
+    """Whether `name` is the policy of a run that leaves ``--stale-policy`` unset (the lab files such runs under no
+    policy's name). The one place a policy's name is compared, so no part switches on which policy it holds."""
+    return name == DEFAULT_POLICY
+
+
 def takes_patience(name: str) -> bool:
     """Whether the policy registered as `name` reads a take patience (``--take-patience``,
     ``--take-patience-steps``); False for a name that is not registered."""
@@ -314,6 +320,7 @@ __all__ = [
     "WorkerView",
     "issue_limit",
     "make_stale_policy",
+    "is_default",
     "oldest_tag",
     "patience_seconds",
     "register_stale_policy",

@@ -103,7 +103,7 @@ class AsyncSource:
     def start(self) -> None:
         setups = [
             Setup(
-                self.cfg.to_dict(),
+                self.cfg,
                 self.rank,
                 self.world,
                 self.board,

@@ -9,7 +9,8 @@ import re
 import pytest
 import torch
 
-from lrl.experiments.estimators import (
+from lrl.weights import mis_weights, tis_weights
+from lrl_lab.experiments.estimators import (
     bias_variance,
     gradient_estimates,
     main,
@@ -19,7 +20,6 @@ from lrl.experiments.estimators import (
     table_lines,
     weight_rules,
 )
-from lrl.weights import mis_weights, tis_weights
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 

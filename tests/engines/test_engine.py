@@ -254,7 +254,7 @@ def test_not_a_causal_lm_is_a_clear_error(gym_tok, tmp_path):
         DistilBertConfig(vocab_size=len(gym_tok), dim=16, n_layers=1, n_heads=2, hidden_dim=32)
     ).save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError, match="not a causal LM"):
-        load_policy(tmp_path, gym_tok)  # what `python -m lrl.mismatch --model PATH` calls
+        load_policy(tmp_path, gym_tok)  # what `python -m lrl_lab.mismatch --model PATH` calls
 
 
 def test_dtype_or_device_that_cannot_run_is_a_clear_error(gym_tok):

@@ -1,4 +1,4 @@
-"""Mismatch statistics by hand, and `python -m lrl.mismatch` end to end on a small saved policy."""
+"""Mismatch statistics by hand, and `python -m lrl_lab.mismatch` end to end on a small saved policy."""
 
 import json
 import math
@@ -9,7 +9,7 @@ import torch
 from lrl.envs.tinyagent import build_tokenizer, make_tasks
 from lrl.policy import make_policy, save_policy
 from lrl.stats import abs_diff_stats, cdf_points, probability_bins, quantile, ratio_ranges
-from lrl.tools import mismatch
+from lrl_lab.tools import mismatch
 
 
 def test_quantile_is_a_nearest_rank_by_kthvalue():

@@ -192,7 +192,7 @@ def test_each_sampler_trains_two_steps_on_the_real_model(smollm2_cut, coin, samp
 
 
 def test_the_mismatch_tool_runs_on_the_real_model(smollm2_cut, capsys):
-    from lrl.tools.mismatch import main
+    from lrl_lab.tools.mismatch import main
 
     flags = ["--new-tokens", "3", "--prompts", "4", "--trainer-batch", "1", "--also", "engine-fp32", "fp8"]
     assert main(["--model", str(smollm2_cut), *flags]) == 0

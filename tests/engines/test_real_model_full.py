@@ -21,7 +21,7 @@ def smollm2():
 def test_a_trained_model_shows_the_chapters_mismatch(smollm2, tmp_path):
     import json
 
-    from lrl.tools.mismatch import main
+    from lrl_lab.tools.mismatch import main
 
     out = tmp_path / "m.json"
     flags = ["--new-tokens", "16", "--prompts", "12", "--ragged", "--also", "engine-fp32", "--json", str(out)]

@@ -9,7 +9,7 @@ from lrl.envs.review.base import RL_BASE as REVIEW
 from lrl.envs.tinyagent import build_tokenizer, make_tasks
 from lrl.envs.tinyagent.base import RL_BASE as TINYAGENT
 from lrl.envs.tinyagent.base import BaseConfig
-from lrl.tools.ship_bases import main as ship_bases
+from lrl_lab.tools.ship_bases import main as ship_bases
 
 
 def test_every_shipped_base_is_the_one_its_warm_start_builds(capsys):

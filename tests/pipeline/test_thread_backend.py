@@ -142,7 +142,7 @@ def test_a_worker_process_computes_on_the_threads_it_is_given(monkeypatch):
     cfg = quick_cfg(pipeline="async", rollout_workers=1, worker_threads=3)
     policy = make_policy(make_env(cfg, run_tokenizer(cfg.policy)).tok)
     board = SimpleNamespace(read_newest=lambda shadow, version: None)  # nothing published yet
-    setup = Setup(cfg.to_dict(), 0, 1, board, type(policy), policy.config, None, shadow=policy)
+    setup = Setup(cfg, 0, 1, board, type(policy), policy.config, None, shadow=policy)
     asked = []  # the process-wide thread count is not changed by the test: the calls are recorded instead
     monkeypatch.setattr(torch, "set_num_threads", asked.append)
     Worker(None, 0, setup, queue.Queue(), queue.Queue())  # a thread of the trainer's process

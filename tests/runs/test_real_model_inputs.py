@@ -112,7 +112,7 @@ def test_chat_options_on_a_tokenizer_without_a_chat_template_are_refused(flags):
 # -- the tools ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("count", ["-1", "0"])
 def test_show_episode_refuses_a_count_of_episodes_below_one(smollm2_cut, count):
-    from lrl.tools import show_episode
+    from lrl_lab.tools import show_episode
 
     out = in_process(show_episode.main, ["--model", str(smollm2_cut), "--env", "calc", "--episodes", count])
     one_clear_line(out, 2, "show_episode: error:", "episodes")
@@ -141,7 +141,7 @@ def test_the_conversion_tools_bad_command_line_is_one_line(args):
 
 
 def test_a_file_given_to_the_mismatch_tool_as_its_model_is_called_a_file(tmp_path):
-    from lrl.tools import mismatch
+    from lrl_lab.tools import mismatch
 
     (tmp_path / "weights.bin").write_bytes(b"x")
     out = in_process(mismatch.main, ["--model", str(tmp_path / "weights.bin")])
@@ -150,7 +150,7 @@ def test_a_file_given_to_the_mismatch_tool_as_its_model_is_called_a_file(tmp_pat
 
 
 def test_show_episode_checks_its_seed_as_a_run_does(smollm2_cut):
-    from lrl.tools import show_episode
+    from lrl_lab.tools import show_episode
 
     out = in_process(show_episode.main, ["--model", str(smollm2_cut), "--env", "calc", "--seed", "-1"])
     one_clear_line(out, 2, "seed")
@@ -163,7 +163,7 @@ def test_a_tokenizer_folder_without_a_tokenizer_says_so(calc, tmp_path):
 
 
 def test_show_episode_names_an_empty_model_folder_as_one(tmp_path):
-    from lrl.tools import show_episode
+    from lrl_lab.tools import show_episode
 
     (tmp_path / "empty").mkdir()
     out = in_process(show_episode.main, ["--model", str(tmp_path / "empty"), "--env", "calc"])

@@ -422,7 +422,7 @@ def tool(module: str, *args, timeout=60) -> subprocess.CompletedProcess:
     [["--temperature", "0"], ["--top-p", "0"], ["--top-k", "-3"], ["--threads", "0"], ["--new-tokens", "0"]],
 )
 def test_the_mismatch_tool_refuses_impossible_settings_in_one_line(args):
-    from lrl.tools.mismatch import main
+    from lrl_lab.tools.mismatch import main
 
     with pytest.raises(SystemExit) as stop:
         main([*args, "--new-tokens", "2"] if args[0] != "--new-tokens" else args)
@@ -430,9 +430,9 @@ def test_the_mismatch_tool_refuses_impossible_settings_in_one_line(args):
 
 
 def sim(*args) -> Done:
-    """``python -m lrl.sim ARGS``'s main in this process (its ``__main__`` is ``sys.exit(main())``; the entry
+    """``python -m lrl_lab.sim ARGS``'s main in this process (its ``__main__`` is ``sys.exit(main())``; the entry
     point as a process is tested in tests/sim and tests/tools)."""
-    from lrl.sim.cli import main
+    from lrl_lab.sim.cli import main
 
     return in_process(main, args)
 
@@ -631,7 +631,7 @@ def test_a_kv_cache_larger_than_the_machine_is_refused_in_lrl_words(tmp_path, mo
 
 @pytest.mark.parametrize("value", ["0", "1048577"])
 def test_the_mismatch_tool_refuses_a_kv_cache_it_cannot_have_in_lrl_words(value):
-    from lrl.tools.mismatch import main
+    from lrl_lab.tools.mismatch import main
 
     with pytest.raises(SystemExit) as stop:
         main(["--sampler", "vllm", "--vllm-kv-cache", value, "--new-tokens", "2"])

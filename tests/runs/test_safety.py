@@ -332,7 +332,7 @@ def test_models_that_cannot_be_trained_are_one_line_each(tmp_path, tok, format_p
     import contextlib
     import io
 
-    from lrl.tools.mismatch import main as mismatch
+    from lrl_lab.tools.mismatch import main as mismatch
 
     for name, (path, needle) in broken_models(tmp_path, tok, format_policy).items():
         one_clear_line(train("--model", str(path), *FAST), 2, "model", needle)
@@ -345,7 +345,7 @@ def test_models_that_cannot_be_trained_are_one_line_each(tmp_path, tok, format_p
 def test_tools_refuse_bad_output_paths_and_find_runs(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     out = subprocess.run(
-        [sys.executable, "-m", "lrl.simulate", "--plot", str(tmp_path / "fifo")],
+        [sys.executable, "-m", "lrl_lab.sim", "--plot", str(tmp_path / "fifo")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -353,7 +353,7 @@ def test_tools_refuse_bad_output_paths_and_find_runs(tmp_path):
     )
     one_clear_line(out, 2, "--plot", "is a pipe or socket")
     out = subprocess.run(
-        [sys.executable, "-m", "lrl.tools.plot_run", str(tmp_path / "nonexistent")],
+        [sys.executable, "-m", "lrl_lab.tools.plot_run", str(tmp_path / "nonexistent")],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""The simulator of lrl's own pipeline (lrl.sim.board) against hand calculations, and the five-designs
+"""The simulator of lrl's own pipeline (lrl_lab.sim.board) against hand calculations, and the five-designs
 experiment's measured quantities on a history whose numbers are known."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from lrl.experiments.designs import measured, token_hist, total_variation
-from lrl.experiments.workload import GROUP, GROUPS, SLOTS
-from lrl.sim.board import simulate_board
+from lrl_lab.experiments.designs import measured, token_hist, total_variation
+from lrl_lab.experiments.workload import GROUP, GROUPS, SLOTS
+from lrl_lab.sim.board import simulate_board
 
 
 def test_synchronous_steps_last_the_slowest_episode_plus_training():
@@ -71,8 +71,8 @@ def test_measured_rates_of_a_known_history():
 
 
 def test_a_prediction_from_a_calibration_uses_nothing_of_the_predicted_run():
-    from lrl.experiments.designs_predict import predicted_from
-    from lrl.experiments.engine_cost import run_part
+    from lrl_lab.experiments.designs_predict import predicted_from
+    from lrl_lab.experiments.engine_cost import run_part
 
     batch = GROUP * GROUPS
     calibration_history = [  # a synchronous run: 0.3 s outside sampling a step, one-turn episodes
@@ -145,7 +145,7 @@ def test_oldest_first_trains_a_late_group_before_it_passes_the_bound():
 
 
 def test_the_load_model_counts_each_policys_wasted_tokens():
-    from lrl.sim.load import EngineCurve
+    from lrl_lab.sim.load import EngineCurve
 
     flat = EngineCurve.linear(0.05, 0.0)
     turns = [[[40, 0.0]], [[2, 0.0]], [[2, 0.0]], [[2, 0.0]]] * 50  # one long action in four
@@ -194,8 +194,8 @@ def test_ordered_waits_for_an_earlier_group_up_to_its_patience():
 
 
 def test_the_planner_plans_ordered_once_per_patience():
-    from lrl.sim.load import EngineCurve
-    from lrl.sim.turns import TurnTrace, plan_turns
+    from lrl_lab.sim.load import EngineCurve
+    from lrl_lab.sim.turns import TurnTrace, plan_turns
 
     rng = random.Random(3)
     episodes = [[(rng.randint(5, 20), rng.lognormvariate(-1.0, 1.0))] for _ in range(400)]
@@ -214,9 +214,9 @@ def test_the_planner_plans_ordered_once_per_patience():
 
 
 def test_a_policy_label_carries_orders_patience(tmp_path):
-    from lrl.experiments import policies
-    from lrl.experiments.designs import run_flags
-    from lrl.experiments.labels import run_folder, split_policy
+    from lrl_lab.experiments import policies
+    from lrl_lab.experiments.designs import run_flags
+    from lrl_lab.experiments.labels import run_folder, split_policy
 
     assert split_policy("ordered@1.2") == ("ordered", 1.2) and split_policy("mask") == ("mask", None)
     for bad in ("mask@1", "ordered@-1", "ordered@soon"):
@@ -229,7 +229,7 @@ def test_a_policy_label_carries_orders_patience(tmp_path):
         (tmp_path / name).mkdir()
     assert policies.labels(tmp_path)[-3:] == ["ordered", "ordered@0.5", "ordered@2"]
     # a patience in trainer steps: its own flag, folder, label and simulator argument
-    from lrl.experiments.labels import Steps, shown, sim_policy
+    from lrl_lab.experiments.labels import Steps, shown, sim_policy
 
     name, wait = split_policy("ordered@1.5x")
     assert name == "ordered" and isinstance(wait, Steps) and wait == 1.5
@@ -254,7 +254,7 @@ def test_an_unknown_policy_is_an_error():
 
 
 def test_a_runs_waste_and_pass_rate_summaries():
-    from lrl.experiments.designs import final_pass_rate, pass_rates, waste
+    from lrl_lab.experiments.designs import final_pass_rate, pass_rates, waste
 
     history = [
         {"pipeline/decoded_tokens": 100.0, "pipeline/wasted_tokens": 10.0, "pipeline/masked_tokens": 4.0},
@@ -296,7 +296,7 @@ def _design_history(period: float, sync: bool, decoded: float = 0.0, wasted: flo
 def test_the_policy_comparison_pairs_each_run_with_the_synchronous_run_of_its_seed(tmp_path):
     import json
 
-    from lrl.experiments import policies
+    from lrl_lab.experiments import policies
 
     def write(folder: str, name: str, lines: list[dict]) -> None:
         path = tmp_path / folder / "histories" / f"{name}.jsonl"
@@ -342,7 +342,7 @@ def test_the_policy_comparison_pairs_each_run_with_the_synchronous_run_of_its_se
 def test_a_calibration_per_seed_is_read_from_the_seeds_own_file(tmp_path):
     import json
 
-    from lrl.experiments.designs_predict import calibration_of
+    from lrl_lab.experiments.designs_predict import calibration_of
 
     for seed in (0, 1):
         run = {"train_s": 0.3 + seed, "turns": [[[4, 0.1]]]}
@@ -358,7 +358,7 @@ def test_a_calibration_per_seed_is_read_from_the_seeds_own_file(tmp_path):
 
 
 def test_where_the_waste_comes_from_against_the_trainers_pace():
-    from lrl.experiments.designs import waste_sources
+    from lrl_lab.experiments.designs import waste_sources
 
     # steps end every second (P = 1 s); groups of two: group 0 lasts 0.5 s and 2.5 s, group 1 0.5 s and 1.5 s
     history = [{"time/end": float(t)} for t in range(5)]
@@ -376,7 +376,7 @@ def test_where_the_waste_comes_from_against_the_trainers_pace():
 
 
 def test_a_pool_calibration_replaces_each_recorded_tool_wait_by_a_service_time():
-    from lrl.experiments.designs_predict import with_service
+    from lrl_lab.experiments.designs_predict import with_service
 
     turns = [{"prompt": 4, "turns": [[3, 1.5, 0], [2, 0.0, 0]]}, [[1, 2.5], [1, 0.7]]]
     out = with_service(turns, [0.1, 0.2])
@@ -390,7 +390,7 @@ def test_a_pool_calibration_replaces_each_recorded_tool_wait_by_a_service_time()
 
 
 def test_the_policy_table_gives_the_spread_of_the_calibration_runs_predictions():
-    from lrl.experiments.designs_report import calibration_spread
+    from lrl_lab.experiments.designs_report import calibration_spread
 
     def row(measured: float, *alone: list[float]) -> dict:
         return {

@@ -1,4 +1,4 @@
-"""The simulator's calibration from run histories (lrl.experiments.calibrate), on histories whose answers are known."""
+"""The simulator's calibration from run histories (lrl_lab.experiments.calibrate), on histories whose answers are known."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lrl.experiments.calibrate import (
+from lrl_lab.experiments.calibrate import (
     async_train_time,
     compare,
     handoff,
@@ -75,7 +75,7 @@ def test_the_simulator_predicts_a_trainer_bound_run(eta):
 
 
 def test_the_engine_benchmark_times_steps_by_the_episodes_they_decode(tmp_path, capsys):
-    from lrl.experiments.engine_cost import engine_curve, main
+    from lrl_lab.experiments.engine_cost import engine_curve, main
 
     curve = engine_curve(
         ["--tool-latency", "lognormal:0.01:0", "--threads", "1"], slots=(1, 3), episodes_per_slot=2

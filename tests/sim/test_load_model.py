@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lrl.sim.board import simulate_board
-from lrl.sim.load import EngineCurve, parse_turns
+from lrl_lab.sim.board import simulate_board
+from lrl_lab.sim.load import EngineCurve, parse_turns
 
 # a step costs 0.5 s plus 0.5 s per episode decoding: 1 s alone, 1.5 s for two
 SHARED = EngineCurve.linear(0.5, 0.5)
@@ -127,6 +127,6 @@ def test_a_worker_waiting_on_its_tools_sees_new_work_at_the_end_of_its_slice():
 
 def test_the_simulators_wait_slice_is_the_workers():
     from lrl.envs.workers import WAIT_SLICE
-    from lrl.sim.board import WAIT_SLICE as SIMULATED
+    from lrl_lab.sim.board import WAIT_SLICE as SIMULATED
 
     assert SIMULATED == WAIT_SLICE

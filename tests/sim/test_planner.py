@@ -1,4 +1,4 @@
-"""The planner, ``python -m lrl.sim --trace FILE``: a hand-computed throughput, CSV and JSONL traces that
+"""The planner, ``python -m lrl_lab.sim --trace FILE``: a hand-computed throughput, CSV and JSONL traces that
 agree, where its settings come from, and one line naming the file and the line for every bad trace."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lrl.sim.cli import main
-from lrl.sim.tables import DESIGNS
+from lrl_lab.sim.cli import main
+from lrl_lab.sim.tables import DESIGNS
 
 
 def write_csv(path, durations, train_s=None, sync_s=None):
@@ -161,7 +161,7 @@ def test_a_bad_trace_is_one_line_naming_the_file_and_the_line(tmp_path, capsys, 
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"python -m lrl.sim: error: {path}:{what}"), captured.err
+    assert len(lines) == 1 and lines[0].startswith(f"python -m lrl_lab.sim: error: {path}:{what}"), captured.err
 
 
 def test_unreadable_traces_name_the_file(tmp_path, capsys):
@@ -176,13 +176,13 @@ def test_unreadable_traces_name_the_file(tmp_path, capsys):
 
 def test_the_command_exits_2_without_a_traceback(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "lrl.sim", "--trace", str(tmp_path / "missing.jsonl")],
+        [sys.executable, "-m", "lrl_lab.sim", "--trace", str(tmp_path / "missing.jsonl")],
         capture_output=True,
         text=True,
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        f"python -m lrl.sim: error: {tmp_path / 'missing.jsonl'}: cannot read it: no such file or directory"
+        f"python -m lrl_lab.sim: error: {tmp_path / 'missing.jsonl'}: cannot read it: no such file or directory"
     ]
 
 
@@ -196,7 +196,7 @@ def test_the_documented_examples_are_five_lines_and_agree(tmp_path):
     assert plan(tmp_path, tmp_path / "trace.csv")["rows"] == plan(tmp_path, tmp_path / "trace.jsonl")["rows"]
 
 
-# -- turn traces: episodes as turns, an engine curve, lrl's pipeline (lrl.sim.turns) ---------------------------
+# -- turn traces: episodes as turns, an engine curve, lrl's pipeline (lrl_lab.sim.turns) ---------------------------
 def write_turns(path, episodes, **settings):
     lines = ([json.dumps(settings)] if settings else []) + [json.dumps({"turns": e}) for e in episodes]
     path.write_text("\n".join(lines) + "\n")
@@ -257,7 +257,7 @@ def test_a_turn_trace_plans_the_staleness_policies_under_the_hard_bound(tmp_path
     main(["--trace", str(trace), *flags, "--policies", "mask"])
     assert "| mask " in capsys.readouterr().out
     # the plot draws one line per design and policy, the waste beside the throughput
-    from lrl.sim.turns import plan_series
+    from lrl_lab.sim.turns import plan_series
 
     series, right = plan_series(out["rows"])
     assert right.startswith("wasted") and len(series) == len(rows)
@@ -297,7 +297,7 @@ def test_a_turn_trace_with_a_pool_of_tool_servers_queues_its_calls(tmp_path, cap
 def test_a_turn_trace_plans_in_windows_where_asked_or_where_the_slots_are_many(tmp_path, capsys):
     # the same plan event by event and in windows agrees; auto takes windows from WINDOWED_FROM slots a worker,
     # and a policy the windowed model does not cover is refused by name
-    from lrl.sim import turns
+    from lrl_lab.sim import turns
 
     episodes = [[[2 + i % 5, 0.3 * (1 + i % 3)], [4, 0.5]] for i in range(64)]
     trace = write_turns(tmp_path / "t.jsonl", episodes, train_s=0.5, engine={"points": [[1, 0.01], [16, 0.03]]},

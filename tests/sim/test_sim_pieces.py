@@ -1,6 +1,6 @@
 """The simulator models' pieces on their own, against hand-worked cases: the event model's controller, workers and
-trainer (lrl.sim.event, lrl.sim.event_state) one method at a time, and the windowed model's array pieces
-(lrl.sim.windowed_state). The whole models are checked in test_board_sim.py, test_load_model.py and
+trainer (lrl_lab.sim.event, lrl_lab.sim.event_state) one method at a time, and the windowed model's array pieces
+(lrl_lab.sim.windowed_state). The whole models are checked in test_board_sim.py, test_load_model.py and
 test_windowed.py."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections import deque
 import numpy as np
 import pytest
 
-from lrl.sim.event import EventModel
-from lrl.sim.event_state import Episode, Groups, Tally
-from lrl.sim.windowed_state import Chunks, Ring, Rows, Worker
+from lrl_lab.sim.event import EventModel
+from lrl_lab.sim.event_state import Episode, Groups, Tally
+from lrl_lab.sim.windowed_state import Chunks, Ring, Rows, Worker
 
 
 def model(**kw) -> EventModel:
@@ -78,7 +78,7 @@ def finish_groups(m: EventModel, groups: dict[int, list[int]]) -> None:
 
 
 def test_the_policies_choose_the_groups_of_a_batch():
-    # the model's schedule asks the pipeline's policy object (lrl.sim.policy): its choice, in its order
+    # the model's schedule asks the pipeline's policy object (lrl_lab.sim.policy): its choice, in its order
     fifo = model()
     finish_groups(fifo, {3: [2, 2], 1: [0, 2], 2: [1, 1]})
     assert fifo.schedule.take() == [3, 1] and list(fifo.groups.finished) == [2]

@@ -1,5 +1,5 @@
-"""The simulator's staleness policy is the pipeline's own object (lrl.sim.policy): a policy a plugin registers is
-simulated by ``python -m lrl.sim --plugins``, the simulated take chooses what the controller's schedule chooses
+"""The simulator's staleness policy is the pipeline's own object (lrl_lab.sim.policy): a policy a plugin registers is
+simulated by ``python -m lrl_lab.sim --plugins``, the simulated take chooses what the controller's schedule chooses
 from the same finished groups, a simulated worker hears of each newer version once, as a free-running worker does,
 and the built-in policies' results are the ones the simulator gave when it played each policy by its name."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import lrl.sim.event as event
+import lrl_lab.sim.event as event
 from lrl.pipeline.policies import Drop, OldestFirst, Ordered
 from lrl.pipeline.schedule import FreeSchedule
-from lrl.sim.board import simulate_board
+from lrl_lab.sim.board import simulate_board
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "tests" / "plugins"
@@ -43,7 +43,7 @@ def test_a_plugin_policy_is_simulated_by_the_command(tmp_path, monkeypatch):
                         batch=8, group=2)  # fmt: skip
     out = tmp_path / "rows.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PLUGINS), str(ROOT)])}
-    args = [sys.executable, "-m", "lrl.sim", "--trace", str(trace), "--plan-slots", "8", "--bounds", "1"]
+    args = [sys.executable, "-m", "lrl_lab.sim", "--trace", str(trace), "--plan-slots", "8", "--bounds", "1"]
     args += ["--steps", "12", "--json", str(out), "--plugins", "cut_and_abort"]
     done = subprocess.run([*args, "--policies", "cut", "abort", "cut-and-abort"], capture_output=True, text=True,
                           env=env, cwd=tmp_path)  # fmt: skip
@@ -59,7 +59,7 @@ def test_a_plugin_policy_is_simulated_by_the_command(tmp_path, monkeypatch):
     # the plugin's policy, in process, gives the same row: the command ran its hooks, not another policy's
     from lrl import plugins
     from lrl.registry import STALENESS
-    from lrl.sim.turns import plan_turns, read_turn_trace
+    from lrl_lab.sim.turns import plan_turns, read_turn_trace
 
     monkeypatch.syspath_prepend(str(PLUGINS))
     try:

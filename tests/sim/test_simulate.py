@@ -15,10 +15,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from lrl.sim import agent_episode_durations, exponential_durations, harmonic, simulate_pipeline
-from lrl.sim.cli import main
-from lrl.sim.reference import scan_reference
-from lrl.sim.tables import DESIGNS, Setup, duration_lines, failure_lines, sync_lines, timeout_lines
+from lrl_lab.sim import agent_episode_durations, exponential_durations, harmonic, simulate_pipeline
+from lrl_lab.sim.cli import main
+from lrl_lab.sim.reference import scan_reference
+from lrl_lab.sim.tables import DESIGNS, Setup, duration_lines, failure_lines, sync_lines, timeout_lines
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?%?")
 
@@ -144,7 +144,7 @@ def test_heap_simulator_equals_scan_reference(case):
 def thresholds(bulk_min: int, run_min: int, backoff: int):
     """The simulator with other bulk thresholds: (1, 1, 0) takes every end it can in bulk, huge ones none."""
     patch = dict(BULK_MIN=bulk_min, RUN_MIN=run_min, BULK_WORTH=backoff, BULK_BACKOFF=backoff)
-    with mock.patch.multiple("lrl.sim.pipeline", **patch):
+    with mock.patch.multiple("lrl_lab.sim.pipeline", **patch):
         yield
 
 
@@ -380,16 +380,16 @@ def test_cli_writes_figures(tmp_path, capsys):
 
 def test_import_is_light():
     code = (
-        "import sys, lrl.sim, lrl.experiments.estimators; "
+        "import sys, lrl_lab.sim, lrl_lab.experiments.estimators; "
         "assert not {'transformers', 'matplotlib', 'lightning'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_simulator_does_not_import_the_experiments():
-    """lrl.sim is the library the experiments use; importing it (command line included) pulls none of them in."""
+    """lrl_lab.sim is the library the experiments use; importing it (command line included) pulls none of them in."""
     code = (
-        "import sys, lrl.sim, lrl.sim.cli; "
-        "assert not [m for m in sys.modules if m.startswith('lrl.experiments')], sorted(sys.modules)"
+        "import sys, lrl_lab.sim, lrl_lab.sim.cli; "
+        "assert not [m for m in sys.modules if m.startswith('lrl_lab.experiments')], sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

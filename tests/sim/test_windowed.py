@@ -1,5 +1,5 @@
-"""The windowed load model (lrl.sim.windowed): hand calculations where a window is exact, agreement with the event
-model (lrl.sim.board, wait slice 0) on drawn workloads over every configuration it covers, and its refusals."""
+"""The windowed load model (lrl_lab.sim.windowed): hand calculations where a window is exact, agreement with the event
+model (lrl_lab.sim.board, wait slice 0) on drawn workloads over every configuration it covers, and its refusals."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from lrl.sim.board import simulate_board
-from lrl.sim.load import EngineCurve
-from lrl.sim.windowed import simulate_windowed
+from lrl_lab.sim.board import simulate_board
+from lrl_lab.sim.load import EngineCurve
+from lrl_lab.sim.windowed import simulate_windowed
 
 
 def both(*args, **kw):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lrl.experiments.decide import interval, markdown, paired, parse_rows, seeds_needed, verdict
+from lrl_lab.experiments.decide import interval, markdown, paired, parse_rows, seeds_needed, verdict
 
 
 def test_the_interval_is_students_t_over_the_seeds():

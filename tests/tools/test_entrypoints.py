@@ -1,8 +1,8 @@
 """Every bench script and every ``python -m`` entry point starts: ``--help`` prints its usage and exits 0
 without doing any work, and the cheap ones also run a tiny real configuration.
 
-Both lists are discovered from the tree (``bench/*.py``; every module under ``lrl/`` with a main block, and
-every package ``__main__``), so a new script or entry point is covered without editing this file, and a move
+Both lists are discovered from the tree (``bench/*.py``; every module under ``lrl/`` and the lab's
+``lab/lrl_lab/`` with a main block, and every package ``__main__``), so a new script or entry point is covered without editing this file, and a move
 that breaks one's imports fails here. The commands run a few at a time, each in an empty folder that must
 stay empty under ``--help``.
 """
@@ -30,24 +30,26 @@ TINY = {
     "bench/fp16_gradients.py": ["--layers", "2", "--rows", "2", "--tokens", "8", "--scales", "1", "--threads", "1"],
     "bench/bench_proximal.py": ["--steps", "2", "--", "--env", "tinyagent", "--tasks-per-step", "2", "--episodes-per-task", "2"],
     "bench/bench_simulate.py": ["--slots", "8", "--steps", "2", "--n-durations", "1024", "--load-slots", "8", "--windowed-slots", "8"],
-    "lrl.sim": ["--single", "--n-durations", "512", "--slots", "4", "--batch-size", "4", "--steps", "2"],
-    "lrl.experiments.estimators": ["--sigmas", "0.5", "--reps", "20", "--samples", "8", "--vocab", "10"],
-    "lrl.tools.mismatch": ["--new-tokens", "2", "--trainer-batch", "0"],
-    "lrl.tools.plot_run": ["{events}", "--out", "{events}/curves.png"],
+    "lrl_lab.sim": ["--single", "--n-durations", "512", "--slots", "4", "--batch-size", "4", "--steps", "2"],
+    "lrl_lab.experiments.estimators": ["--sigmas", "0.5", "--reps", "20", "--samples", "8", "--vocab", "10"],
+    "lrl_lab.tools.mismatch": ["--new-tokens", "2", "--trainer-batch", "0"],
+    "lrl_lab.tools.plot_run": ["{events}", "--out", "{events}/curves.png"],
     "bench/runs_table.py": ["one run={events}", "--learned", "0.5"],
 }
 # --help only: the same main as an entry run tiny above, or too long to run tiny
 HELP_ONLY = {
-    "lrl.sim.cli": "the main of lrl.sim",
-    "lrl.simulate": "the main of lrl.sim, under its former name",
-    "lrl.mismatch": "the main of lrl.tools.mismatch, under its former name",
+    "lrl_lab.sim.cli": "the main of lrl_lab.sim",
+    "lrl.sim": "the main of lrl_lab.sim, under its former name",
+    "lrl.simulate": "the main of lrl_lab.sim, under its former name",
+    "lrl.mismatch": "the main of lrl_lab.mismatch, under its former name",
+    "lrl_lab.mismatch": "the main of lrl_lab.tools.mismatch, under a short name",
     "bench/bench_first_run.py": "three first runs of train.py with an empty cache",
     "bench/bench_pipeline.py": "repeated sync and async training runs",
-    "lrl.experiments.pipeline": "training runs per staleness bound and repeat",
-    "lrl.experiments.seeds": "the default run over seeds",
-    "lrl.experiments.staleness": "a grid of training runs over seeds",
-    "lrl.experiments.decide": "training runs over rows and paired seeds",
-    "lrl.tools.ship_bases": "rebuilds the shipped warm starts",
+    "lrl_lab.experiments.pipeline": "training runs per staleness bound and repeat",
+    "lrl_lab.experiments.seeds": "the default run over seeds",
+    "lrl_lab.experiments.staleness": "a grid of training runs over seeds",
+    "lrl_lab.experiments.decide": "training runs over rows and paired seeds",
+    "lrl_lab.tools.ship_bases": "rebuilds the shipped warm starts",
     "bench/profile_step.py": "training steps of the real model",
     "bench/bench_vs_trl.py": "lrl and TRL training the real model",
     "bench/bench_recipe_speed.py": "two training runs of the real model",
@@ -56,10 +58,13 @@ HELP_ONLY = {
 
 
 def entry_modules() -> list[str]:
-    """Modules under lrl/ that `python -m` runs: a package's __main__, or a module with a main block."""
+    """Modules of the library and the lab that `python -m` runs: a package's __main__, or a module with a main
+    block."""
     found = []
-    for path in sorted((ROOT / "lrl").rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
+    paths = [(p, ROOT) for p in sorted((ROOT / "lrl").rglob("*.py"))]
+    paths += [(p, ROOT / "lab") for p in sorted((ROOT / "lab" / "lrl_lab").rglob("*.py"))]
+    for path, top in paths:
+        parts = path.relative_to(top).with_suffix("").parts
         if path.name in ("__main__.py", "__init__.py"):
             if path.name == "__main__.py" or MAIN_BLOCK.search(path.read_text()):
                 found.append(".".join(parts[:-1]))
@@ -124,7 +129,10 @@ def tiny(tmp_path_factory):
 
 
 def test_the_entry_points_are_found():
-    assert {"lrl.sim", "lrl.tools.mismatch", "lrl.experiments.seeds", "bench/bench_engine.py"} <= set(ENTRIES)
+    assert {"lrl_lab.sim", "lrl_lab.tools.mismatch", "lrl_lab.experiments.seeds", "bench/bench_engine.py"} <= set(
+        ENTRIES
+    )
+    assert {"lrl.sim", "lrl.simulate", "lrl.mismatch"} <= set(ENTRIES)  # the former names, for one release
     listed = set(TINY) | set(HELP_ONLY)
     assert listed <= set(ENTRIES), f"listed here but gone from the tree: {sorted(listed - set(ENTRIES))}"
     assert not set(TINY) & set(HELP_ONLY)
@@ -144,9 +152,9 @@ def test_a_tiny_configuration_runs(tiny, name):
     outs, events = tiny
     out = outs[name]
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() or name == "lrl.tools.plot_run", "printed nothing"
+    assert out.stdout.strip() or name == "lrl_lab.tools.plot_run", "printed nothing"
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
-    if name == "lrl.tools.plot_run":
+    if name == "lrl_lab.tools.plot_run":
         assert (events / "curves.png").stat().st_size > 0
     if name == "bench/runs_table.py":  # the events' held-out pass rate goes 0, 1/3, 2/3: a gain of 2/3, learned
         assert "| one run | 1 | 0.000 -> 0.667 | 0.667 | 0.667 | 1 of 1 |" in out.stdout, out.stdout

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from lrl.experiments import seeds as seeds_experiment
-from lrl.experiments.staleness import METRICS, grid_rows, main, markdown, summarize, time_to
+from lrl_lab.experiments import seeds as seeds_experiment
+from lrl_lab.experiments.staleness import METRICS, grid_rows, main, markdown, summarize, time_to
 
 
 def fake(lag, corr, seed, heldout, level="token"):

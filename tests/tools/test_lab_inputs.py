@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import FAST, train
 
-from lrl.experiments import (
+from lrl_lab.experiments import (
     designs,
     designs_predict,
     engine_cost,
@@ -19,7 +19,7 @@ from lrl.experiments import (
     seeds,
     staleness,
 )
-from lrl.sim import cli as sim
+from lrl_lab.sim import cli as sim
 
 
 def no_runs(monkeypatch):
@@ -28,11 +28,11 @@ def no_runs(monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("a run started before the inputs were checked")
 
-    for target in ("lrl.experiments.pipeline.run_once", "lrl.experiments.pipeline.co_run_slowdown",
-                   "lrl.experiments.designs.run_once", "lrl.experiments.engine_cost.engine_curve",
-                   "lrl.experiments.calibrate.co_run_slowdown", "lrl.sim.turns.plan_turns",
-                   "lrl.sim.planner.plan_rows", "lrl.experiments.staleness.write_tables",
-                   "lrl.experiments.scaling.measure", "lrl.experiments.occupancy.decomposition"):  # fmt: skip
+    for target in ("lrl_lab.experiments.pipeline.run_once", "lrl_lab.experiments.pipeline.co_run_slowdown",
+                   "lrl_lab.experiments.designs.run_once", "lrl_lab.experiments.engine_cost.engine_curve",
+                   "lrl_lab.experiments.calibrate.co_run_slowdown", "lrl_lab.sim.turns.plan_turns",
+                   "lrl_lab.sim.planner.plan_rows", "lrl_lab.experiments.staleness.write_tables",
+                   "lrl_lab.experiments.scaling.measure", "lrl_lab.experiments.occupancy.decomposition"):  # fmt: skip
         monkeypatch.setattr(target, started)
 
 
@@ -73,7 +73,7 @@ def write(tmp_path: Path, name: str, content) -> str:
     return str(path)
 
 
-# -- python -m lrl.experiments.pipeline ------------------------------------------------------------------
+# -- python -m lrl_lab.experiments.pipeline ------------------------------------------------------------------
 @pytest.mark.parametrize(
     "case, content, needle",
     [
@@ -148,7 +148,7 @@ def test_pipeline_report_reads_its_files_as_one_line(tmp_path, monkeypatch, caps
     )
 
 
-# -- python -m lrl.experiments.engine_cost ---------------------------------------------------------------
+# -- python -m lrl_lab.experiments.engine_cost ---------------------------------------------------------------
 @pytest.mark.parametrize(
     "case, content, needle",
     [
@@ -192,7 +192,7 @@ def test_engine_cost_engine_file_and_json_output_are_checked_first(
     refused(engine_cost.main, ["--json", str(tmp_path / "folder")], capsys, "--json", "is a folder")
 
 
-# -- python -m lrl.sim -------------------------------------------------------------------------------------
+# -- python -m lrl_lab.sim -------------------------------------------------------------------------------------
 @pytest.mark.timeout(120)  # a NaN trainer time once made the simulation loop for ever
 @pytest.mark.parametrize(
     "case, changes, needle",

@@ -1,10 +1,10 @@
-"""The figure of a run's mismatch split (python -m lrl.tools.plot_run RUN --split)."""
+"""The figure of a run's mismatch split (python -m lrl_lab.tools.plot_run RUN --split)."""
 
 from __future__ import annotations
 
 import pytest
 
-from lrl.tools.plot_run import SPLIT_PARTS, main, plot_split
+from lrl_lab.tools.plot_run import SPLIT_PARTS, main, plot_split
 
 
 def write_run(folder, tags):

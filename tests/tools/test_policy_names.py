@@ -5,8 +5,9 @@ The test reads every Python file of the library and the programs beside it (not 
 policies they test) and finds each comparison with a policy's name as a string literal: ``==``, ``!=``, ``in``,
 ``not in`` (also against a tuple, list or set of names) and ``match`` cases. No file is exempt but the policies'
 own module and the registry. (``none``, the throttle alone, is left out: the word is every option's "off".) A name
-read off a policy's class (``Ordered.name``) or the built-in names' tuple (``STALE_POLICIES``) is a name too: the
-simulator once chose its policies that way."""
+read off a policy's class (``Ordered.name``), the built-in names' tuple (``STALE_POLICIES``) or the default's
+(``DEFAULT_POLICY``) is a name too: the simulator once chose its policies that way, and the lab asked whether a run
+had the default (it asks ``is_default``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from lrl.pipeline import policies
 from lrl.pipeline.policies import STALE_POLICIES
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("lrl", "samplers", "callbacks", "bench", "examples", "train.py")
+SCANNED = ("lrl", "samplers", "callbacks", "lab", "bench", "examples", "train.py")
 HOME = {"lrl/pipeline/policies.py", "lrl/registry.py"}  # the classes, and the registry
 CMP = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
 # the policies' classes, by the names they are imported as
@@ -34,8 +35,10 @@ def names_in(node: ast.AST) -> list[str]:
         return [n for e in node.elts for n in names_in(e)]
     if isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Name):
         return [node.value.id + ".name"] if node.value.id in CLASSES else []
-    if isinstance(node, ast.Name) and node.id == "STALE_POLICIES":
-        return ["STALE_POLICIES"]
+    if isinstance(node, ast.Name) and node.id in ("STALE_POLICIES", "DEFAULT_POLICY"):
+        return [node.id]
+    if isinstance(node, ast.Attribute) and node.attr == "DEFAULT_POLICY":
+        return ["DEFAULT_POLICY"]
     return []
 
 
@@ -86,8 +89,11 @@ policy = "drop"
 if name in (Ordered.name, OldestFirst.name): pass
 if name not in STALE_POLICIES: pass
 if sampler.name == x: pass
+if args.stale_policy != DEFAULT_POLICY: pass
+if is_default(args.stale_policy): pass
 """
     assert sorted(n for _, n in comparisons(ast.parse(code))) == [
+        "DEFAULT_POLICY",
         "OldestFirst.name",
         "Ordered.name",
         "STALE_POLICIES",
@@ -98,4 +104,8 @@ if sampler.name == x: pass
         "oldest-first",
         "ordered",
     ]
-    assert {p.relative_to(ROOT).as_posix() for p in scanned_files()} >= {"lrl/pipeline/source.py", "train.py"}
+    assert {p.relative_to(ROOT).as_posix() for p in scanned_files()} >= {
+        "lrl/pipeline/source.py",
+        "lab/lrl_lab/experiments/designs.py",
+        "train.py",
+    }

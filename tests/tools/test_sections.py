@@ -1,4 +1,4 @@
-"""Parts read their section: a function of the library (``lrl/`` without the lab, ``samplers/``, ``callbacks/``)
+"""Parts read their section: a function of the library (``lrl/``, ``samplers/``, ``callbacks/``; the lab is a package of its own)
 takes the section(s) of the configuration it uses (``UpdateOptions``, ``RolloutOptions``, ...) or the few values it
 needs, so that its signature says what it depends on. Only entry points, the preflight, the checkpoint and the
 configuration's own validation take the whole configuration, each named in :data:`WHOLE_CONFIG` with the reason.
@@ -26,7 +26,6 @@ from pathlib import Path
 from lrl.sections import OPTIONS, SECTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB = ("lrl/sim/", "lrl/experiments/", "lrl/tools/")
 WHOLE = ("cfg", "config")
 SECTION_CLASSES = {kind.__name__ for kind in SECTIONS.values()}
 MOST_WHOLE_CONFIG = 20
@@ -64,9 +63,7 @@ def library_files() -> list[Path]:
     files = []
     for top in ("lrl", "samplers", "callbacks"):
         for path in sorted((ROOT / top).rglob("*.py")):  # rglob does not follow lrl/samplers, the link
-            rel = path.relative_to(ROOT).as_posix()
-            if not rel.startswith(LAB):
-                files.append(path)
+            files.append(path)  # the lab is a package of its own (lab/lrl_lab), not under lrl/
     return files
 
 

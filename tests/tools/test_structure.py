@@ -1,7 +1,8 @@
-"""The structure lrl promises: no import circle anywhere in the library, a core that never imports the lab (the
-simulator, the experiments, the tools), no module over 450 lines and no function over 120, a trainer that never
-reaches into where its batches come from, a worker process that imports nothing before its parent-death signal,
-and staleness policies that the simulator and the config can import without the pipeline's weight."""
+"""The structure lrl promises: no import circle anywhere in the library or its lab (an import by name, through
+importlib, counted as one), a core that never imports the lab (the simulator, the experiments, the tools: lrl_lab, a
+distribution of its own), no module over 450 lines and no function over 120, a trainer that never reaches into where
+its batches come from, a worker process that imports nothing before its parent-death signal, and staleness policies
+that the simulator and the config can import without the pipeline's weight."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("lrl", "samplers", "callbacks")  # lrl/samplers and lrl/callbacks are links to the last two
-LAB = ("lrl.sim", "lrl.experiments", "lrl.tools", "lrl.simulate", "lrl.mismatch")  # pip install ".[lab]"
+# folder -> import name: lrl/samplers and lrl/callbacks are links to samplers/ and callbacks/; lrl_lab is the lab
+PACKAGES = {"lrl": "lrl", "samplers": "lrl.samplers", "callbacks": "lrl.callbacks", "lab/lrl_lab": "lrl_lab"}
+LAB = ("lrl_lab",)  # pip install ./lab
+# the library's modules that name the lab: the lab's commands under their former names, each forwarding to the new
+# one (lrl/former_names.py), for one release
+FORMER_NAMES = {"lrl.sim": "lrl_lab.sim", "lrl.simulate": "lrl_lab.sim", "lrl.mismatch": "lrl_lab.mismatch"}
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 120
 
@@ -61,20 +66,47 @@ def test_the_datamodule_only_forwards_to_its_source():
 
 # -- sizes and the import graph, read from the source ----------------------------------------------------------
 def sources() -> dict[str, Path]:
-    """Every module of the library by its import name (samplers/x.py is lrl.samplers.x, as installed)."""
+    """Every module of the library and the lab by its import name (samplers/x.py is lrl.samplers.x, as
+    installed)."""
     found = {}
-    for top in PACKAGES:
+    for top, package in PACKAGES.items():
         for path in sorted((ROOT / top).rglob("*.py")):  # rglob does not follow lrl/samplers, the link
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            parts = list(path.relative_to(ROOT / top).with_suffix("").parts)
             parts = parts[:-1] if parts[-1] == "__init__" else parts
-            found[".".join(["lrl", *parts] if top != "lrl" else parts)] = path
+            found[".".join([package, *parts])] = path
     return found
 
 
+def named(tree: ast.AST, known) -> set[str]:
+    """The modules a module that imports by name (``importlib.import_module``, ``import_module``, ``runpy``, as
+    :mod:`lrl.plugins` and the lazy ``__getattr__`` of a package do) may import: every string in it, outside its
+    docstrings, that is a module's whole name; a module that imports by no name has none."""
+    calls = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    }
+    if not calls & {"import_module", "__import__", "run_module", "forward"}:
+        return set()
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        and node.value in known
+    }
+
+
 def imports(tree: ast.AST, name: str, is_package: bool, known) -> set[str]:
-    """The library modules `tree` imports, anywhere in it (in a function, under TYPE_CHECKING too)."""
+    """The library modules `tree` imports, anywhere in it (in a function, under TYPE_CHECKING too, or by name
+    through importlib: :func:`named`)."""
     package = name if is_package else name.rpartition(".")[0]
-    out = set()
+    out = named(tree, known) - {name}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -153,12 +185,33 @@ def test_the_library_has_no_import_circle():
 def test_the_core_never_imports_the_lab():
     graph = import_graph()
     arrows = sorted((a, b) for a, targets in graph.items() if not in_lab(a) for b in targets if in_lab(b))
-    assert not arrows, (
-        f"the core reaches into the lab (pip install .[lab] would be needed to run it): {arrows}"
-    )
+    former = [(old, new) for old, new in FORMER_NAMES.items()]
+    assert sorted(former) == [arrow for arrow in arrows if arrow[0] in FORMER_NAMES]  # the test sees them
+    arrows = [arrow for arrow in arrows if arrow not in former]
+    assert not arrows, f"the core reaches into the lab (pip install ./lab would be needed to run it): {arrows}"
     assert any(
         in_lab(a) and not in_lab(b) for a, targets in graph.items() for b in targets
     )  # the lab uses the core
+    assert {"lrl_lab.sim.cli", "lrl_lab.experiments.designs", "lrl_lab.tools.mismatch"} <= set(graph)
+
+
+def test_a_former_name_only_forwards_to_the_lab():
+    """``python -m lrl.sim`` and the other former names: the lab's command when the lab is installed, one line
+    naming the install and the new name when it is not; nothing of the lab when imported."""
+    from lrl.former_names import INSTALL, forward
+
+    for old, new in FORMER_NAMES.items():
+        path = ROOT / (old.replace(".", "/") + ".py")
+        text = path.read_text()
+        assert len(text.splitlines()) <= 10 and f'forward("{old}", "{new}")' in text, path
+        assert 'if __name__ == "__main__":' in text.split("forward(")[0]
+    assert imported_by("import lrl.sim, lrl.simulate, lrl.mismatch").isdisjoint({"lrl_lab", "lrl_lab.sim"})
+    try:
+        forward("lrl.sim", "no_lab_here.sim")
+    except SystemExit as stop:
+        assert str(stop) == f"python -m lrl.sim is now python -m no_lab_here.sim, in the lab: {INSTALL} (from a checkout of lrl)"
+    else:
+        raise AssertionError("a former name ran without the lab")
 
 
 def test_the_graph_reader_finds_circles_and_imports():
@@ -167,6 +220,10 @@ def test_the_graph_reader_finds_circles_and_imports():
     code = "import lrl.x\nfrom . import y\ndef f():\n    from samplers.base import z\n"
     known = {"lrl.x", "lrl.pkg.y", "lrl.samplers.base", "lrl.pkg"}
     assert imports(ast.parse(code), "lrl.pkg", True, known) == {"lrl.x", "lrl.pkg.y", "lrl.samplers.base"}
+    # by name, through importlib: the strings that are a module's whole name, not the docstrings
+    code = '"""lrl.pkg.y"""\nfrom importlib import import_module\nLAZY = {"f": "lrl.x", "g": "x"}\nimport_module(LAZY["f"])\n'
+    assert imports(ast.parse(code), "lrl.pkg", True, known) == {"lrl.x"}
+    assert imports(ast.parse('NAMES = ("lrl.x",)\n'), "lrl.pkg", True, known) == set()  # no import by name
 
 
 def test_no_module_or_function_is_too_long():

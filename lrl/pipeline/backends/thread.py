@@ -62,8 +62,9 @@ class ThreadWorkers(OutboxReader):
         for i, setup in enumerate(setups):
             inbox: queue.Queue = queue.Queue()
             # the worker's model is built here, in the trainer's thread: built in the worker's thread, its
-            # initialisation would draw from the global generator while the trainer runs
-            inbox.put(dataclasses.replace(setup, shadow=shadow_model(setup)))
+            # initialisation would draw from the global generator while the trainer runs; its config is its own
+            # copy, rebuilt from the values as a worker process's is (Config.resolved), not the trainer's object
+            inbox.put(dataclasses.replace(setup, cfg=copy.deepcopy(setup.cfg), shadow=shadow_model(setup)))
             thread = threading.Thread(
                 target=worker_main, args=(None, i, inbox, self.outbox), daemon=True, name=f"lrl-rollout-{i}"
             )

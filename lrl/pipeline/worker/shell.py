@@ -72,19 +72,18 @@ class Worker:
     """The process shell: configuration, weights, messages, heartbeats; its mode decides what runs when."""
 
     def __init__(self, trainer: int | None, index: int, setup: Setup, inbox, outbox):
-        from lrl.config import Config
         from lrl.envs import make_env, run_tokenizer
         from lrl.samplers import make_sampler
 
         if trainer is not None:  # a process of its own; in the trainer's process the threads are the trainer's
-            torch.set_num_threads(int(setup.cfg.get("worker_threads", 1)))
+            torch.set_num_threads(int(setup.cfg.worker_threads))
         self.trainer = trainer
         self.index = index
         self.rank = setup.rank
         self.board = setup.board
         self.inbox = inbox
         self.outbox = outbox
-        self.cfg = Config.resolved(setup.cfg)  # checked and resolved once, by the trainer's preflight
+        self.cfg = setup.cfg  # checked and resolved once, by the trainer's preflight; rebuilt on its way here
         self.world = setup.world
         self.spec = make_env(self.cfg, run_tokenizer(self.cfg.policy))
         self.env_generator = torch.Generator().manual_seed(

@@ -104,7 +104,7 @@ class RayWorkers:
             self._actor_class = ray.remote(max_concurrency=8)(RolloutActor)
         self.setups = list(setups)
         self.actors = [
-            _Actor(held=held_work(s.cfg["deterministic"], s.cfg["episodes_per_task"], s.restore))
+            _Actor(held=held_work(s.cfg.rollout.deterministic, s.cfg.batch.episodes_per_task, s.restore))
             for s in setups
         ]
         self.liveness.reset(len(setups))

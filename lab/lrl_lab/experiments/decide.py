@@ -1,0 +1,302 @@
+"""Rows of a training experiment on paired seeds, with 95% intervals and paired differences that can decide a claim.
+
+    python -m lrl_lab.experiments.decide --rows core --seeds 8 --jobs 2         # the chapter's rows on the calc recipe
+    python -m lrl_lab.experiments.decide --rows "on-policy=" "lag 4=--sampler lagged --lag 4" --seeds 5
+    python -m lrl_lab.experiments.decide --rows core --seeds 3 --effect 0.1     # a pilot: the spread sizes the seeds
+    python -m lrl_lab.experiments.decide --from-results results/decide/results.jsonl   # the tables again, no run
+
+A row is a label and the train.py flags that make it (``LABEL=FLAGS``, or a preset: ``core``, ``wider``, ``fast``);
+the flags after ``--`` go to every run (default ``--env calc``). Every run is seeded ``--seed S --paired-streams
+true``: every row of one seed trains on the same problems in the same order and draws the same uniforms, so the
+difference between two rows on one seed holds less noise than the difference between two seeds (the sampler's
+own draws differ where its distribution does). Each run reports its held-out pass rate greedy at its first and last
+evaluation, its held-out pass rate sampled (``--samples`` episodes a problem at temperature 1, after training:
+a finer measure than one greedy answer a problem, which saturates on an easy task and drowns in noise on 64),
+its mean training reward over the run, the mismatch, the share over the TIS cap, the steps skipped and its wall
+time (model loading included; the evaluation after it not).
+
+Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
+``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
+run. The tables (``table.md``): each row's mean with its 95% interval (Student's t over seeds); each row's paired
+difference from the baseline row (``--baseline``, default the first) over the seeds both have, with its interval
+and the seeds a difference of ``--effect`` would need to be seen (80% power, at the spread measured); and each
+claim of the chapter whose rows were run: "holds", "does not hold", or "not decided at this power".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from lrl.cli import OneLineParser
+from lrl.pipeline.backends.spawn import die_with_parent
+
+# two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+       20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+METRICS = {
+    "sampled": "held-out, sampled",
+    "greedy": "held-out, greedy",
+    "reward": "training reward",
+}
+PRESETS = {
+    "core": {
+        "on-policy": "",
+        "lag 8": "--sampler lagged --lag 8",
+        "lag 8, TIS": "--sampler lagged --lag 8 --correction tis",
+        "FP8": "--sampler fp8",
+        "FP8, TIS": "--sampler fp8 --correction tis",
+        "FP8, MIS": "--sampler fp8 --correction mis",
+    },
+    "wider": {
+        "lag 4": "--sampler lagged --lag 4",
+        "lag 4, TIS": "--sampler lagged --lag 4 --correction tis",
+        "lag 8, MIS": "--sampler lagged --lag 8 --correction mis",
+    },
+    "fast": {"on-policy": "", "lag 8": "--sampler lagged --lag 8"},  # a pilot's two rows
+}
+# the chapter's conclusions as (claim, row a, row b, the sign a - b has where the claim holds)
+CLAIMS = [
+    ("staleness costs (lag 8 below on-policy)", "lag 8", "on-policy", -1),
+    ("TIS recovers what lag 8 costs", "lag 8, TIS", "lag 8", +1),
+    ("FP8 costs (FP8 below on-policy)", "FP8", "on-policy", -1),
+    ("TIS recovers what FP8 costs", "FP8, TIS", "FP8", +1),
+    ("MIS recovers what FP8 costs", "FP8, MIS", "FP8", +1),
+    ("staleness costs at lag 4", "lag 4", "on-policy", -1),
+    ("TIS recovers what lag 4 costs", "lag 4, TIS", "lag 4", +1),
+    ("MIS recovers what lag 8 costs", "lag 8, MIS", "lag 8", +1),
+]
+
+
+# -- statistics -------------------------------------------------------------------------------------------------
+def t95(df: int) -> float:
+    if df < 1:
+        return float("nan")
+    known = [k for k in T95 if k <= df]
+    return T95[max(known)] if df <= 30 else 1.96
+
+
+def interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and the half-width of its 95% interval (Student's t), and the standard deviation: (mean, half, sd)."""
+    n = len(xs)
+    mean = sum(xs) / n if n else float("nan")
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    return mean, t95(n - 1) * sd / math.sqrt(n), sd
+
+
+def seeds_needed(sd: float, effect: float) -> float:
+    """Seeds for a paired difference of `effect` to be seen with 80% power at 5% (two-sided), at spread `sd`."""
+    if not effect > 0 or not math.isfinite(sd):
+        return float("nan")
+    return math.ceil(((1.96 + 0.84) * sd / effect) ** 2)
+
+
+def verdict(diff: tuple[float, float], sign: int) -> str:
+    """'holds' where the interval of a - b lies wholly on the claim's side of 0, 'does not hold' where it lies
+    wholly on the other, else 'not decided at this power'."""
+    mean, half = diff
+    if not math.isfinite(half):
+        return "not decided at this power"
+    low, high = mean - half, mean + half
+    if (sign > 0 and low > 0) or (sign < 0 and high < 0):
+        return "holds"
+    if (sign > 0 and high < 0) or (sign < 0 and low > 0):
+        return "does not hold"
+    return "not decided at this power"
+
+
+# -- one run ------------------------------------------------------------------------------------------------------
+def one_run(cell: tuple) -> dict:
+    """Train one (row, seed) with the shared flags -> its figures (the module docstring lists them)."""
+    label, row_flags, seed, flags, samples, threads = cell
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    from lrl.arguments import parse_args
+    from lrl.evaluation import evaluate
+    from lrl.precision import autocast
+    from lrl.run import build_run, fit
+    from lrl.streams import EVALUATION, stream_seed
+
+    start = time.time()
+    argv = [*flags, *row_flags.split(), "--seed", str(seed), "--paired-streams", "true", "--threads", str(threads)]
+    argv += ["--progress", "false"]
+    cfg = parse_args(argv)
+    run = build_run(cfg, logger=False, callbacks=None)
+    result = fit(run)
+    wall = time.time() - start
+    sampled = float("nan")
+    if samples:
+        with autocast(run.module.precision):
+            sampled = evaluate(
+                run.policy, run.spec, None, samples, stream_seed(seed, EVALUATION) + 1, cfg.temperature
+            )["pass_rate"]
+    hist = run.module.history
+    mean = lambda key: sum(h.get(key, 0.0) for h in hist) / max(len(hist), 1)  # noqa: E731
+    evals = run.module.evals
+    return {
+        "row": label,
+        "flags": row_flags,
+        "seed": seed,
+        "greedy_first": evals[0]["pass_rate"] if evals else float("nan"),
+        "greedy": result.pass_rate,
+        "sampled": sampled,
+        "reward": mean("train/reward"),
+        "mismatch": mean("mismatch/abs_mean"),
+        "over_cap": mean("mismatch/over_cap"),
+        "skipped": sum(h.get("train/skipped", 0.0) for h in hist),
+        "steps": len(hist),
+        "wall": wall,
+        "evals": [{"step": e["step"], "pass_rate": e["pass_rate"]} for e in evals],
+    }
+
+
+# -- tables -------------------------------------------------------------------------------------------------------
+def by_row(results: list[dict]) -> dict[str, dict[int, dict]]:
+    out: dict[str, dict[int, dict]] = {}
+    for r in results:
+        out.setdefault(r["row"], {})[r["seed"]] = r
+    return out
+
+
+def paired(rows: dict, a: str, b: str, metric: str) -> list[float]:
+    """a - b on every seed both rows have."""
+    common = sorted(set(rows.get(a, {})) & set(rows.get(b, {})))
+    return [rows[a][s][metric] - rows[b][s][metric] for s in common]
+
+
+def markdown(results: list[dict], order: list[str], baseline: str, effect: float, primary: str) -> str:
+    rows = by_row(results)
+    order = [r for r in order if r in rows] + [r for r in rows if r not in order]
+    fmt = lambda m, h: f"{m:.3f} ± {h:.3f}" if math.isfinite(h) else f"{m:.3f}"  # noqa: E731
+    lines = ["| row | seeds | " + " | ".join(METRICS.values()) + " | greedy at start | mismatch | over cap | wall (min) |",
+             "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- | --- | --- |"]  # fmt: skip
+    for label in order:
+        runs = list(rows[label].values())
+        cells = [fmt(*interval([r[m] for r in runs])[:2]) for m in METRICS]
+        extra = [fmt(*interval([r[k] for r in runs])[:2]) for k in ("greedy_first", "mismatch", "over_cap")]
+        wall = interval([r["wall"] / 60 for r in runs])
+        lines.append(f"| {label} | {len(runs)} | " + " | ".join(cells + extra) + f" | {wall[0]:.1f} (max "
+                     f"{max(r['wall'] for r in runs) / 60:.1f}) |")  # fmt: skip
+    lines += ["", f"Paired differences from **{baseline}** (row minus {baseline}, over the seeds both have; 95% "
+              f"intervals; seeds needed: for a difference of {effect:g} to be seen with 80% power at the spread "
+              "measured):", "", "| row | seeds | " + " | ".join(METRICS.values()) + " | seeds needed (" +
+              METRICS[primary] + ") |", "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- |"]  # fmt: skip
+    for label in order:
+        if label == baseline or baseline not in rows:
+            continue
+        diffs = {m: paired(rows, label, baseline, m) for m in METRICS}
+        cells = [fmt(*interval(diffs[m])[:2]) for m in METRICS]
+        need = seeds_needed(interval(diffs[primary])[2], effect)
+        lines.append(f"| {label} | {len(diffs[primary])} | " + " | ".join(cells) + f" | {need:g} |")
+    claims = [(c, a, b, s) for c, a, b, s in CLAIMS if a in rows and b in rows]
+    if claims:
+        lines += ["", f"The chapter's claims, on {METRICS[primary]} (a - b over paired seeds, 95% interval):", "",
+                  "| claim | a - b | seeds | verdict |", "| --- | --- | --- | --- |"]  # fmt: skip
+        for claim, a, b, sign in claims:
+            diff = interval(paired(rows, a, b, primary))
+            lines.append(f"| {claim} | {fmt(*diff[:2])} | {len(paired(rows, a, b, primary))} | "
+                         f"{verdict(diff[:2], sign)} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+# -- the command ----------------------------------------------------------------------------------------------------
+def parse_rows(specs: list[str]) -> dict[str, str]:
+    rows: dict[str, str] = {}
+    for spec in specs:
+        if spec in PRESETS:
+            rows.update(PRESETS[spec])
+        elif "=" in spec:
+            label, flags = spec.split("=", 1)
+            rows[label.strip()] = flags.strip()
+        else:
+            raise ValueError(f"--rows: {spec!r} is neither LABEL=FLAGS nor a preset ({', '.join(PRESETS)})")
+    return rows
+
+
+def read_done(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineParser(
+        prog="python -m lrl_lab.experiments.decide",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--rows", nargs="+", default=["core"], help="LABEL=FLAGS or a preset (core, wider, fast)")
+    p.add_argument("--seeds", type=int, default=8, help="seeds 0 .. N-1 of every row (default 8)")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=4, help="sampled held-out episodes a problem (0: none)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads a run (default: cores / jobs)")
+    p.add_argument("--baseline", default=None, help="the row the others are compared with (default: the first)")
+    p.add_argument("--effect", type=float, default=0.1, help="the difference the seeds-needed column sizes for")
+    p.add_argument("--metric", default="sampled", choices=sorted(METRICS), help="the claims' metric")
+    p.add_argument("--out", default="results/decide", help="folder of results.jsonl and table.md")
+    p.add_argument("--from-results", metavar="JSONL", help="run nothing: the tables of this results.jsonl")
+    p.add_argument("flags", nargs="*", help="train.py flags of every run, after -- (default: --env calc)")
+    args = p.parse_args(argv)
+    try:
+        rows = parse_rows(args.rows)
+    except ValueError as err:
+        p.error(str(err))
+    if args.seeds < 1 or args.jobs < 1 or args.samples < 0 or args.threads < 0:
+        p.error("--seeds and --jobs must be >= 1, --samples and --threads >= 0")
+    baseline = args.baseline or next(iter(rows))
+    if baseline not in rows:
+        p.error(f"--baseline: {baseline!r} is not one of the rows ({', '.join(rows)})")
+    out = Path(args.out)
+    if args.from_results:
+        results = read_done(Path(args.from_results))
+        print(markdown(results, list(rows), baseline, args.effect, args.metric))
+        return 0
+    flags = args.flags or ["--env", "calc"]
+    threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
+    out.mkdir(parents=True, exist_ok=True)
+    done_path = out / "results.jsonl"
+    done = read_done(done_path)
+    have = {(r["row"], r["seed"]) for r in done}
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    cells = [
+        (label, rows[label], seed, flags, args.samples, threads)
+        for seed in seeds
+        for label in rows
+        if (label, seed) not in have
+    ]  # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
+    print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")
+    start = time.time()
+    context = multiprocessing.get_context("spawn")
+    # workers die with this process (a killed command leaves no run burning the cores), and each run is written
+    # as it finishes, not in the order the runs were started
+    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=die_with_parent) as pool:
+        futures = [pool.submit(one_run, cell) for cell in cells]
+        for i, future in enumerate(as_completed(futures), 1):
+            r = future.result()
+            with done_path.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            done.append(r)
+            print(f"[{i}/{len(cells)}] {r['row']} seed {r['seed']}: greedy {r['greedy_first']:.3f} -> "
+                  f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
+                  f"{r['wall'] / 60:.1f} min ({(time.time() - start) / 60:.0f} min in all)", flush=True)  # fmt: skip
+    table = markdown(done, list(rows), baseline, args.effect, args.metric)
+    (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\n\n" + table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
