@@ -50,3 +50,22 @@ def test_the_table_names_each_claim_it_can_judge():
     assert "| staleness costs (lag 8 below on-policy) |" in table
     assert "| holds |" in table  # every seed: lag 8 is 0.18 to 0.25 below on-policy
     assert "TIS recovers" not in table  # its row was not run
+
+
+def test_a_results_file_is_tabled_by_its_own_rows_against_its_first(tmp_path, capsys):
+    import json
+
+    from lrl_lab.experiments.decide import main
+
+    keys = ("greedy_first", "greedy", "sampled", "reward", "mismatch", "over_cap", "wall")
+    runs = [
+        {"row": row, "seed": seed, **dict.fromkeys(keys, value + seed / 10)}
+        for row, value in (("mine", 0.2), ("yours", 0.5))
+        for seed in (0, 1, 2)
+    ]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    assert main(["--from-results", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Paired differences from **mine**" in out
+    assert "| yours | 3 | 0.300" in out  # yours minus mine, 0.3 on every seed

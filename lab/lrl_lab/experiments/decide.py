@@ -237,7 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--rows", nargs="+", default=["core"], help="LABEL=FLAGS or a preset (core, wider, fast)")
+    p.add_argument(
+        "--rows",
+        nargs="+",
+        dest="rows_given",
+        help="LABEL=FLAGS or a preset (core, wider, fast); default core (with --from-results: the file's rows)",
+    )
     p.add_argument("--seeds", type=int, default=8, help="seeds 0 .. N-1 of every row (default 8)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--samples", type=int, default=4, help="sampled held-out episodes a problem (0: none)")
@@ -251,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("flags", nargs="*", help="train.py flags of every run, after -- (default: --env calc)")
     args = p.parse_args(argv)
     try:
-        rows = parse_rows(args.rows)
+        rows = parse_rows(args.rows_given or ["core"])
     except ValueError as err:
         p.error(str(err))
     if args.seeds < 1 or args.jobs < 1 or args.samples < 0 or args.threads < 0:
@@ -262,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if args.from_results:
         results = read_done(Path(args.from_results))
-        print(markdown(results, list(rows), baseline, args.effect, args.metric))
+        if args.rows_given is None:  # the file's own rows, in the order they were run, the first the baseline
+            order = list(dict.fromkeys(r["row"] for r in results))
+            baseline = args.baseline or (order[0] if order else baseline)
+        else:
+            order = list(rows)
+        print(markdown(results, order, baseline, args.effect, args.metric))
         return 0
     flags = args.flags or ["--env", "calc"]
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
