@@ -261,18 +261,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(err))
     if args.seeds < 1 or args.jobs < 1 or args.samples < 0 or args.threads < 0:
         p.error("--seeds and --jobs must be >= 1, --samples and --threads >= 0")
+    results = read_done(Path(args.from_results)) if args.from_results else []
+    if args.from_results and args.rows_given is None:  # the file's own rows, in the order they were run
+        rows = {r["row"]: r.get("flags", "") for r in results} or rows
     baseline = args.baseline or next(iter(rows))
     if baseline not in rows:
         p.error(f"--baseline: {baseline!r} is not one of the rows ({', '.join(rows)})")
     out = Path(args.out)
     if args.from_results:
-        results = read_done(Path(args.from_results))
-        if args.rows_given is None:  # the file's own rows, in the order they were run, the first the baseline
-            order = list(dict.fromkeys(r["row"] for r in results))
-            baseline = args.baseline or (order[0] if order else baseline)
-        else:
-            order = list(rows)
-        print(markdown(results, order, baseline, args.effect, args.metric))
+        print(markdown(results, list(rows), baseline, args.effect, args.metric))
         return 0
     flags = args.flags or ["--env", "calc"]
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
