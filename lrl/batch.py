@@ -61,7 +61,8 @@ class Batch(TypedDict):
     env_timeout: NotRequired[torch.Tensor]  # [B] float, 1 if its failure was a tool past --tool-timeout
     env_error: NotRequired[torch.Tensor]  # [B] float, 1 if its failure was a tool that raised
     index: NotRequired[torch.Tensor]  # [] the batch's position in the stream
-    sample_time: NotRequired[torch.Tensor]  # [] seconds spent sampling it
+    sample_time: NotRequired[torch.Tensor]  # [] seconds spent sampling it (its redrawn batches included)
+    redrawn: NotRequired[torch.Tensor]  # [] batches drawn before it and set aside for having nothing to learn
     sampled_length: NotRequired[torch.Tensor]  # [M] lengths of every episode launched for it, if more than B
     pipeline: NotRequired[dict[str, float]]  # async: the step's pipeline/* metrics
     ledger: NotRequired[Ledger]  # which episodes were trained, dropped or left unfinished, and their timings

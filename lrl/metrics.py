@@ -83,6 +83,7 @@ def step_metrics(
         "staleness/token_mean": (lag.mean().item() if len(lag) else 0.0, n_tokens),
         **version_split(old_logp, batch["sample_logp"], batch["version"], mon),
         "time/sample": (float(batch["sample_time"]), 1.0),
+        **({"train/redrawn": (float(batch["redrawn"]), 1.0)} if "redrawn" in batch else {}),
         **{f"time/{k}": (v, 1.0) for k, v in times.items()},
     }
     if updates:  # per-rank shares of the global minibatch means (lrl.distributed): their rank mean is exact

@@ -34,6 +34,15 @@ class BatchOptions:
         "mean (minus the mean only: a group with one success among many is not scaled up)",
         choices=("std", "mean"),
     )
+    redraw_flat: int = option(
+        0,
+        "when a sampled batch has nothing to learn (no group of differing rewards: every advantage 0), sample up to "
+        "N more batches in the same step, with the same weights, and train on the first that has something "
+        "(dynamic sampling by whole batches); the draws are logged as train/redrawn",
+        ge=0,
+        le=64,
+        when={"pipeline": "sync"},
+    )
 
 
 @dataclass

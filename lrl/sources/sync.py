@@ -112,8 +112,22 @@ class SyncSource:
         return KeyedDraws(rank_seed(stream_seed(self.seed, SAMPLING), self.rank), self.produced)
 
     def next_batch(self, version: int = 0) -> Batch:
-        """Sample, collate and score one batch with the sampler's current behavior weights."""
+        """Sample, collate and score one batch with the sampler's current behavior weights; with ``redraw_flat``
+        N, a batch in which every advantage is 0 is drawn again, up to N times (each draw is a batch of the
+        stream, so paired streams and a resumed run see the same draws), and the first with one is trained."""
         start = time.perf_counter()
+        batch = self.draw()
+        redrawn = 0
+        while redrawn < self.batch_options.redraw_flat and not bool((batch["advantage"] != 0).any()):
+            batch = self.draw()
+            redrawn += 1
+        if self.batch_options.redraw_flat:
+            batch["redrawn"] = torch.tensor(float(redrawn))
+        batch["sample_time"] = torch.tensor(time.perf_counter() - start)
+        return batch
+
+    def draw(self) -> Batch:
+        """One batch of the stream: its tasks, its episodes, scored."""
         draws = self.keyed_draws() if self.paired_streams else None
         positions = self.picker.choose(torch.Generator().manual_seed(draws.task_seed()) if draws else None)
         tasks = [self.picker.task(i) for i in positions for _ in range(self.batch_options.episodes_per_task)]
@@ -135,7 +149,6 @@ class SyncSource:
                 "time/finished_turns": [[first + i, e.turns()] for i, e in enumerate(episodes)],
             }
         batch["index"] = torch.tensor(self.produced)
-        batch["sample_time"] = torch.tensor(time.perf_counter() - start)
         self.produced += 1
         return batch
 
