@@ -36,9 +36,16 @@ def from_dict(data: dict[str, Any]) -> Config:
         for name in value if isinstance(value, list) else [value]:
             if name in registry:
                 for key, default in registry.get(name).defaults:
-                    data.setdefault(key, default)
+                    if _in_mode(key, data):  # a mode's option (redraw_flat) defaults only in its mode
+                        data.setdefault(key, default)
     data = {k: _as_float(v) if float in accepted_types(OPTIONS[k].annotation) else v for k, v in data.items()}
     return Config(**data)
+
+
+def _in_mode(key: str, data: dict[str, Any]) -> bool:
+    """Whether option `key` applies with the options given in `data` (always, unless it belongs to a mode)."""
+    when = OPTIONS[key].meta.get("when") or {}
+    return all(data.get(other, OPTIONS[other].default) == wanted for other, wanted in when.items())
 
 
 def _as_float(value):

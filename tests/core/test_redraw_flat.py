@@ -59,3 +59,14 @@ def test_a_run_logs_its_redraws(tmp_path):
 def test_redraws_belong_to_the_synchronous_pipeline():
     with pytest.raises(ConfigError, match="redraw_flat.*pipeline: async"):
         quick_cfg(redraw_flat=2, pipeline="async")
+
+
+def test_an_entrys_default_for_a_mode_option_applies_in_that_mode_only():
+    """calc's recipe redraws flat batches; with the asynchronous pipeline that option does not apply, so the
+    environment's default for it is not taken (rather than refused as if the user had set it)."""
+    from lrl.arguments import from_dict
+
+    assert from_dict({"env": "calc"}).batch.redraw_flat == 3
+    assert from_dict({"env": "calc", "pipeline": "async"}).batch.redraw_flat == 0
+    with pytest.raises(ConfigError, match="redraw_flat"):
+        from_dict({"env": "calc", "pipeline": "async", "redraw_flat": 2})

@@ -12,8 +12,8 @@ difference between two rows on one seed holds less noise than the difference bet
 own draws differ where its distribution does). Each run reports its held-out pass rate greedy at its first and last
 evaluation, its held-out pass rate sampled (``--samples`` episodes a problem at temperature 1, after training:
 a finer measure than one greedy answer a problem, which saturates on an easy task and drowns in noise on 64),
-its mean training reward over the run, the mismatch, the share over the TIS cap, the steps skipped and its wall
-time (model loading included; the evaluation after it not).
+its mean training reward over the run, the mismatch, the share over the TIS cap, the steps skipped, the batches
+redrawn (``--redraw-flat``) and its wall time (model loading included; the evaluation after it not).
 
 Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
 ``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
@@ -156,6 +156,7 @@ def one_run(cell: tuple) -> dict:
         "mismatch": mean("mismatch/abs_mean"),
         "over_cap": mean("mismatch/over_cap"),
         "skipped": sum(h.get("train/skipped", 0.0) for h in hist),
+        "redrawn": sum(h.get("train/redrawn", 0.0) for h in hist),
         "steps": len(hist),
         "wall": wall,
         "evals": [{"step": e["step"], "pass_rate": e["pass_rate"]} for e in evals],
