@@ -62,11 +62,13 @@ def test_redraws_belong_to_the_synchronous_pipeline():
 
 
 def test_an_entrys_default_for_a_mode_option_applies_in_that_mode_only():
-    """calc's recipe redraws flat batches; with the asynchronous pipeline that option does not apply, so the
-    environment's default for it is not taken (rather than refused as if the user had set it)."""
-    from lrl.arguments import from_dict
+    """An entry's default for redraw_flat (an option of the synchronous pipeline) would be taken with the
+    synchronous pipeline only (lrl.arguments.from_dict asks _in_mode); with the asynchronous one setting it is
+    refused."""
+    from lrl.arguments import _in_mode, from_dict
 
-    assert from_dict({"env": "calc"}).batch.redraw_flat == 3
-    assert from_dict({"env": "calc", "pipeline": "async"}).batch.redraw_flat == 0
+    assert _in_mode("redraw_flat", {}) and _in_mode("redraw_flat", {"pipeline": "sync"})
+    assert not _in_mode("redraw_flat", {"pipeline": "async"})
+    assert _in_mode("lr", {"pipeline": "async"})  # an option of no mode applies in every one
     with pytest.raises(ConfigError, match="redraw_flat"):
         from_dict({"env": "calc", "pipeline": "async", "redraw_flat": 2})

@@ -25,12 +25,11 @@ CALC_DEFAULTS = {
     "tasks_per_step": 4,
     "episodes_per_task": 8,
     "minibatches": 1,
-    "lr": 5e-5,  # 2e-5 gained 0.17-0.28 in 30 steps (docs/real_model.md, "Choosing the recipe")
-    "redraw_flat": 3,  # a batch with nothing to learn is drawn again: the seeds that stalled had 11 of 30 such steps
+    "lr": 2e-5,
     "lr_schedule": "constant",
     "max_steps": 30,
     "threads": 2,  # a real model's matrix products use both cores of a 2-core machine
-    "eval_every": 15,  # held-out at steps 0, 15 and 30: a run fits in ten minutes on two cores
+    "eval_every": 10,
     "eval_episodes": 1,
     "eval_temperature": 0.0,  # greedy: what the model answers when deployed; train/reward is the sampled rate
     "step_kl": False,  # the step's KL costs a forward over the batch (a quarter of a step on a CPU) ...
