@@ -15,7 +15,7 @@ from typing import Any
 from lrl.cli import train_command, train_program
 from lrl.config import OPTIONS, SECTIONS, Config, ConfigError
 from lrl.configfile import load_yaml
-from lrl.options import accepted_types, bounds_text, type_name
+from lrl.options import accepted_types, bounds_text, type_name, unmet_mode
 from lrl.plugins import load as load_plugins
 from lrl.registry import REGISTRIES, Registry
 
@@ -44,8 +44,7 @@ def from_dict(data: dict[str, Any]) -> Config:
 
 def _in_mode(key: str, data: dict[str, Any]) -> bool:
     """Whether option `key` applies with the options given in `data` (always, unless it belongs to a mode)."""
-    when = OPTIONS[key].meta.get("when") or {}
-    return all(data.get(other, OPTIONS[other].default) == wanted for other, wanted in when.items())
+    return not unmet_mode(OPTIONS[key].meta, lambda other: data.get(other, OPTIONS[other].default))
 
 
 def _as_float(value):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import unicodedata
 
+from lrl.options import unmet_mode
 from lrl.registry import REGISTRIES, supply
 from lrl.sections import (
     OPTIONS,
@@ -54,7 +55,7 @@ def _mode_rules(cfg) -> list[str]:
         value = getattr(cfg, f.name)
         if not when or value == f.default:
             continue
-        unmet = [key for key, wanted in when.items() if getattr(cfg, key) != wanted]
+        unmet = unmet_mode(f.meta, lambda key: getattr(cfg, key))
         if unmet:
             here = ", ".join(f"{key}: {_yaml(getattr(cfg, key))}" for key in unmet)
             needed = ", ".join(f"{key}: {_yaml(wanted)}" for key, wanted in when.items())

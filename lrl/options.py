@@ -54,6 +54,12 @@ def option(
     return field(default=default, metadata=meta)
 
 
+def unmet_mode(meta, value_of) -> list[str]:
+    """The options of a mode option's mode (``option(..., when=...)``) whose values, read by `value_of(name)`,
+    are not the mode's: [] where the option applies (always, for an option of no mode)."""
+    return [key for key, wanted in (meta.get("when") or {}).items() if value_of(key) != wanted]
+
+
 def expand_path(value):
     """A path option's value with ``~`` expanded (anything that is not a path string is returned as it is)."""
     if isinstance(value, str) and value.startswith("~"):

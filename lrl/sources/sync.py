@@ -30,6 +30,7 @@ from lrl.envs.workers import InlineTools, make_tools
 from lrl.sections import BatchOptions, EnvironmentOptions, RolloutOptions, RunOptions
 from lrl.sources.base import TaskPicker, rank_seed, score_batch
 from lrl.streams import ENV_FAILURES, SAMPLING, TOOL_LATENCY, KeyedDraws, stream_seed
+from lrl.update import live_rows
 
 
 class SyncSource:
@@ -118,7 +119,8 @@ class SyncSource:
         start = time.perf_counter()
         batch = self.draw()
         redrawn = 0
-        while redrawn < self.batch_options.redraw_flat and not bool((batch["advantage"] != 0).any()):
+        # nothing to learn: no row the update would run (the trainer's own test, lrl.update.live_rows)
+        while redrawn < self.batch_options.redraw_flat and not bool(live_rows(batch, keep_all=False).any()):
             batch = self.draw()
             redrawn += 1
         if self.batch_options.redraw_flat:
