@@ -10,10 +10,10 @@ the flags after ``--`` go to every run (default ``--env calc``). Every run is se
 true``: every row of one seed trains on the same problems in the same order and draws the same uniforms, so the
 difference between two rows on one seed holds less noise than the difference between two seeds (the sampler's
 own draws differ where its distribution does). Each run reports its held-out pass rate greedy at its first and last
-evaluation, its held-out pass rate sampled (``--samples`` episodes a problem at temperature 1, after training:
-a finer measure than one greedy answer a problem, which saturates on an easy task and drowns in noise on 64),
-its mean training reward over the run, the mismatch, the share over the TIS cap, the steps skipped, the batches
-redrawn (``--redraw-flat``) and its wall time (model loading included; the evaluation after it not).
+evaluation, its held-out pass rate sampled (``--samples`` episodes a problem at the run's training temperature,
+after training: a finer measure than one greedy answer a problem, which saturates on an easy task and drowns in
+noise on 64), its mean training reward over the run, the mismatch, the share over the TIS cap, the steps skipped,
+the batches redrawn (``--redraw-flat``) and its wall time (model loading included; the evaluation after it not).
 
 Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
 ``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
