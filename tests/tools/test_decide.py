@@ -69,3 +69,16 @@ def test_a_results_file_is_tabled_by_its_own_rows_against_its_first(tmp_path, ca
     out = capsys.readouterr().out
     assert "Paired differences from **mine**" in out
     assert "| yours | 3 | 0.300" in out  # yours minus mine, 0.3 on every seed
+
+
+def test_a_run_that_fails_is_named_and_the_others_still_run(tmp_path, capsys):
+    from lrl_lab.experiments.decide import main
+
+    out = tmp_path / "out"
+    code = main(["--rows", "low=--lr -1", "cold=--temperature -1", "--seeds", "1", "--samples", "0", "--out", str(out),
+                 "--", "--env", "tinyagent"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "low seed 0 failed: lr:" in err and "cold seed 0 failed: temperature:" in err  # each in one line
+    assert "2 of 2 runs failed" in err
+    assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text().strip()

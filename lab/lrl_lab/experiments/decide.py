@@ -17,10 +17,13 @@ the batches redrawn (``--redraw-flat``) and its wall time (model loading include
 
 Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
 ``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
-run. The tables (``table.md``): each row's mean with its 95% interval (Student's t over seeds); each row's paired
-difference from the baseline row (``--baseline``, default the first) over the seeds both have, with its interval
-and the seeds a difference of ``--effect`` would need to be seen (80% power, at the spread measured); and each
-claim of the chapter whose rows were run: "holds", "does not hold", or "not decided at this power".
+run. A run that fails (a flag refused) is named in one line and the others go on; a run the kernel kills (memory:
+a lagged sampler keeps lag + 1 copies of the weights, about 12 GiB a run for SmolLM2 at lag 8) ends the command
+with that advice, what finished kept. The tables (``table.md``): each row's mean with its 95% interval (Student's
+t over seeds); each row's paired difference from the baseline row (``--baseline``, default the first) over the
+seeds both have, with its interval and the seeds a difference of ``--effect`` would need to be seen (80% power, at
+the spread measured); and each claim of the chapter whose rows were run: "holds", "does not hold", or "not decided
+at this power".
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import json
 import math
 import multiprocessing
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from lrl.cli import OneLineParser
@@ -290,10 +295,22 @@ def main(argv: list[str] | None = None) -> int:
     context = multiprocessing.get_context("spawn")
     # workers die with this process (a killed command leaves no run burning the cores), and each run is written
     # as it finishes, not in the order the runs were started
+    failed = 0
     with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=die_with_parent) as pool:
-        futures = [pool.submit(one_run, cell) for cell in cells]
+        futures = {pool.submit(one_run, cell): cell for cell in cells}
         for i, future in enumerate(as_completed(futures), 1):
-            r = future.result()
+            label, _, seed, *_ = futures[future]
+            try:
+                r = future.result()
+            except BrokenProcessPool:  # the kernel killed a run (memory, most often): the pool is gone with it
+                print(f"decide: the process of a run died ({label} seed {seed} or one beside it; killed for memory, "
+                      f"most likely: try fewer --jobs); the runs finished are kept in {done_path}, and the command "
+                      "started again goes on from them", file=sys.stderr)  # fmt: skip
+                return 1
+            except Exception as err:  # a run refused or failed: said in one line, and the others go on
+                failed += 1
+                print(f"[{i}/{len(cells)}] {label} seed {seed} failed: {err}", file=sys.stderr, flush=True)
+                continue
             with done_path.open("a") as f:
                 f.write(json.dumps(r) + "\n")
             done.append(r)
@@ -303,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(done, list(rows), baseline, args.effect, args.metric)
     (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\n\n" + table)
     print(table)
-    return 0
+    if failed:
+        print(f"decide: {failed} of {len(cells)} runs failed (above); the table holds the others", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
