@@ -22,6 +22,7 @@ from lrl.envs import run_tokenizer  # noqa: F401  (the run's tokenizer; imported
 from lrl.sections import EnvironmentOptions, PolicyOptions, RunOptions, SamplingOptions
 
 if TYPE_CHECKING:
+    from lrl.budget import MemoryPlan
     from lrl.data import RolloutDataModule
     from lrl.envs.base import EnvSpec
     from lrl.module import OffPolicyModule
@@ -71,6 +72,22 @@ def load_model(policy: PolicyOptions, tok):
         raise ConfigError(str(err)) from None
 
 
+def plan_run(cfg: Config) -> tuple[EnvSpec, object, MemoryPlan]:
+    """What a run checks before it loads a model: its named models resolved to folders (into `cfg`), the paths
+    it reads and writes, its environment built, its synchronous sampler built (not set up; None in async mode,
+    where the workers build their own) and its memory plan -> (spec, sampler, plan); ConfigError for the first
+    thing that does not hold. Cheap next to a run: a caller may check many configs with it first."""
+    from lrl import preflight, samplers
+    from lrl.envs import make_env
+
+    preflight.resolve(cfg)  # named models -> folders; what must exist; each entry's needs of the machine
+    preflight.check_paths(cfg.run, cfg.policy)
+    spec = make_env(cfg, run_tokenizer(cfg.policy))
+    # a synchronous run's sampler: built, not set up; the memory plan asks it for its copies
+    sampler = None if cfg.rollout.pipeline == "async" else samplers.make_sampler(cfg, spec.tok)
+    return spec, sampler, preflight.check_environment(cfg, spec, sampler)
+
+
 def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=None, **trainer_kw) -> Run:
     """Config -> policy, environment, rollout source, module, datamodule and a Lightning Trainer.
 
@@ -80,10 +97,9 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     ``policy`` overrides the model that ``cfg.model`` (or the environment's warm start) would give, e.g. a
     small fresh one in tests; ``logger`` is True (TensorBoard), False, or a Lightning logger.
     """
-    from lrl import preflight, samplers
+    from lrl import preflight
     from lrl.checkpoint import check_resume, robustness_callbacks
     from lrl.data import RolloutDataModule
-    from lrl.envs import make_env
     from lrl.module import OffPolicyModule
     from lrl.policy import make_policy
     from lrl.runs import clean_run_temporaries, clean_stale_temporaries, open_run
@@ -91,13 +107,8 @@ def build_run(cfg: Config, callbacks: list | None = None, logger=True, policy=No
     run = cfg.run
     torch.set_num_threads(run.threads)
     torch.manual_seed(run.seed)
-    preflight.resolve(cfg)  # named models -> folders; what must exist; each entry's needs of the machine
-    preflight.check_paths(run, cfg.policy)
-    spec = make_env(cfg, run_tokenizer(cfg.policy))
-    asynchronous = cfg.rollout.pipeline == "async"  # its workers build their own samplers
-    # a synchronous run's sampler: built, not set up; the memory plan asks it for its copies
-    sampler = None if asynchronous else samplers.make_sampler(cfg, spec.tok)
-    memory = preflight.check_environment(cfg, spec, sampler)
+    spec, sampler, memory = plan_run(cfg)
+    asynchronous = cfg.rollout.pipeline == "async"
     loaded = policy if policy is not None else load_model(cfg.policy, spec.tok)
     if loaded is None:
         loaded = spec.warm_start() if spec.warm_start is not None else make_policy(spec.tok, seed=run.seed)

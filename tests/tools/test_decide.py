@@ -71,14 +71,49 @@ def test_a_results_file_is_tabled_by_its_own_rows_against_its_first(tmp_path, ca
     assert "| yours | 3 | 0.300" in out  # yours minus mine, 0.3 on every seed
 
 
-def test_a_run_that_fails_is_named_and_the_others_still_run(tmp_path, capsys):
+def test_rows_that_would_be_refused_are_named_before_anything_runs(tmp_path, capsys):
     from lrl_lab.experiments.decide import main
 
     out = tmp_path / "out"
-    code = main(["--rows", "low=--lr -1", "cold=--temperature -1", "--seeds", "1", "--samples", "0", "--out", str(out),
-                 "--", "--env", "tinyagent"])  # fmt: skip
+    code = main(["--rows", "low=--lr -1", "fine=", "cold=--temperature -1", "--seeds", "1", "--samples", "0",
+                 "--out", str(out), "--", "--env", "tinyagent"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "row 'low' (--lr -1): lr:" in err and "row 'cold' (--temperature -1): temperature:" in err
+    assert "'fine'" not in err and "nothing was run (2 problem(s) above)" in err
+    assert not out.exists()
+
+
+def test_jobs_whose_runs_together_exceed_the_memory_are_refused(monkeypatch, smollm2_cut):
+    from lrl.arguments import parse_args
+    from lrl.budget import SHARE
+    from lrl.run import plan_run
+    from lrl_lab.experiments import decide
+
+    rows = {"on-policy": "", "lag 8": "--sampler lagged --lag 8"}
+    flags = ["--env", "calc", "--model", str(smollm2_cut)]
+    monkeypatch.setattr("lrl.budget.available_bytes", lambda: 10**12)
+    peaks = {}
+    for label, row in rows.items():  # each row's plan on a machine with room for anything
+        plan = plan_run(parse_args(decide.run_argv(flags, row, 0, 1)))[2]
+        peaks[label] = plan.step_peak
+    assert peaks["lag 8"] > peaks["on-policy"]  # the lagged sampler's copies count
+    assert decide.check_rows(rows, flags, 0, 2, 1) == []
+    room = (peaks["lag 8"] + peaks["on-policy"] / 2) / SHARE  # one lag-8 run fits, it and any other do not
+    monkeypatch.setattr("lrl.budget.available_bytes", lambda: int(room))
+    assert decide.check_rows(rows, flags, 0, 1, 1) == []
+    (problem,) = decide.check_rows(rows, flags, 0, 2, 1)
+    assert problem.startswith("--jobs 2: the costliest rows side by side ('lag 8'") and problem.endswith("--jobs 1 fits")
+
+
+def test_a_run_that_fails_is_named_and_the_others_still_run(tmp_path, capsys):
+    from lrl_lab.experiments.decide import main
+
+    out = tmp_path / "out"  # an lr this large makes the first gradient non-finite: refused by the update, mid-run
+    code = main(["--rows", "huge=--lr 1e30", "huger=--lr 1e31", "--seeds", "1", "--samples", "0", "--out", str(out),
+                 "--", "--env", "tinyagent", "--max-steps", "2"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1
-    assert "low seed 0 failed: lr:" in err and "cold seed 0 failed: temperature:" in err  # each in one line
+    assert "huge seed 0 failed: non-finite gradient" in err and "huger seed 0 failed: non-finite gradient" in err
     assert "2 of 2 runs failed" in err
     assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text().strip()

@@ -17,9 +17,11 @@ the batches redrawn (``--redraw-flat``) and its wall time (model loading include
 
 Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
 ``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
-run. A run that fails (a flag refused) is named in one line and the others go on; a run the kernel kills (memory:
-a lagged sampler keeps lag + 1 copies of the weights, about 12 GiB a run for SmolLM2 at lag 8) ends the command
-with that advice, what finished kept. The tables (``table.md``): each row's mean with its 95% interval (Student's
+run. Before any run, every row is checked as its runs would be (flags, model, environment, memory plan) and so is
+``--jobs`` of the costliest side by side against the machine's memory (a lagged sampler keeps lag + 1 copies of
+the weights: about 12 GiB a run for SmolLM2 at lag 8); a problem is named and nothing runs. A run that fails later
+(a step that diverges) is named in one line and the others go on; a run the kernel kills ends the command with
+advice to lower ``--jobs``, what finished kept. The tables (``table.md``): each row's mean with its 95% interval (Student's
 t over seeds); each row's paired difference from the baseline row (``--baseline``, default the first) over the
 seeds both have, with its interval and the seeds a difference of ``--effect`` would need to be seen (80% power, at
 the spread measured); and each claim of the chapter whose rows were run: "holds", "does not hold", or "not decided
@@ -135,9 +137,7 @@ def one_run(cell: tuple) -> dict:
     from lrl.streams import EVALUATION, stream_seed
 
     start = time.time()
-    argv = [*flags, *row_flags.split(), "--seed", str(seed), "--paired-streams", "true", "--threads", str(threads)]
-    argv += ["--progress", "false"]
-    cfg = parse_args(argv)
+    cfg = parse_args(run_argv(flags, row_flags, seed, threads))
     run = build_run(cfg, logger=False, callbacks=None)
     result = fit(run)
     wall = time.time() - start
@@ -231,6 +231,44 @@ def parse_rows(specs: list[str]) -> dict[str, str]:
     return rows
 
 
+def run_argv(flags: list[str], row_flags: str, seed: int, threads: int) -> list[str]:
+    """The train.py flags of one run: the shared ones, the row's, then the seed, paired streams and threads."""
+    argv = [*flags, *row_flags.split(), "--seed", str(seed), "--paired-streams", "true", "--threads", str(threads)]
+    return argv + ["--progress", "false"]
+
+
+def check_rows(rows: dict[str, str], flags: list[str], seed: int, jobs: int, threads: int) -> list[str]:
+    """What would stop the rows before any run starts -> one line per problem (empty: none): a row whose flags
+    train.py refuses, whose model or environment cannot be built, or whose step does not fit the memory alone;
+    and `jobs` runs of the costliest rows side by side past the memory this machine has (each run's memory plan,
+    lrl/budget.py, counts its weights, optimizer, the sampler's copies and a step's peak)."""
+    from lrl.arguments import parse_args
+    from lrl.budget import SHARE, available_bytes
+    from lrl.errors import ConfigError
+    from lrl.run import plan_run
+
+    problems, peaks = [], {}
+    for label, row_flags in rows.items():
+        try:
+            plan = plan_run(parse_args(run_argv(flags, row_flags, seed, threads)))[2]
+        except (ConfigError, ValueError) as err:
+            problems.append(f"row {label!r} ({row_flags or 'no flags'}): {err}")
+            continue
+        peaks[label] = plan.step_peak or plan.static
+    costliest = sorted(peaks.items(), key=lambda kv: -kv[1])
+    have = SHARE * available_bytes()
+    together = sum(b for _, b in costliest[:jobs])
+    if jobs > 1 and len(peaks) and together > have:
+        fits = max(1, sum(1 for i in range(1, jobs + 1) if sum(b for _, b in costliest[:i]) <= have))
+        names = ", ".join(f"{label!r} {b / 2**30:.1f} GiB" for label, b in costliest[:jobs])
+        problems.append(
+            f"--jobs {jobs}: the costliest rows side by side ({names}, at a step's peak) need about "
+            f"{together / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB this machine has ({SHARE} of "
+            f"the memory available): the kernel would kill runs; --jobs {fits} fits"
+        )
+    return problems
+
+
 def read_done(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -279,7 +317,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     flags = args.flags or ["--env", "calc"]
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
-    out.mkdir(parents=True, exist_ok=True)
     done_path = out / "results.jsonl"
     done = read_done(done_path)
     have = {(r["row"], r["seed"]) for r in done}
@@ -290,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
         for label in rows
         if (label, seed) not in have
     ]  # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
+    problems = check_rows({label: rows[label] for label, *_ in cells}, flags, args.first_seed, args.jobs, threads)
+    for line in problems:  # before any run: a typo in one row would otherwise surface hours into the others
+        print(f"decide: {line}", file=sys.stderr)
+    if problems:
+        print(f"decide: nothing was run ({len(problems)} problem(s) above)", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
     print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")
     start = time.time()
     context = multiprocessing.get_context("spawn")
