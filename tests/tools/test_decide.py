@@ -1,5 +1,6 @@
 """The decisive tables' arithmetic: intervals, paired differences, verdicts, and the rows they are read from."""
 
+import json
 import math
 
 import pytest
@@ -106,14 +107,21 @@ def test_jobs_whose_runs_together_exceed_the_memory_are_refused(monkeypatch, smo
     assert problem.startswith("--jobs 2: the costliest rows side by side ('lag 8'") and problem.endswith("--jobs 1 fits")
 
 
-def test_a_run_that_fails_is_named_and_the_others_still_run(tmp_path, capsys):
+def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_path, capsys):
     from lrl_lab.experiments.decide import main
 
     out = tmp_path / "out"  # an lr this large makes the first gradient non-finite: refused by the update, mid-run
-    code = main(["--rows", "huge=--lr 1e30", "huger=--lr 1e31", "--seeds", "1", "--samples", "0", "--out", str(out),
-                 "--", "--env", "tinyagent", "--max-steps", "2"])  # fmt: skip
+    code = main(["--rows", "on-policy=", "huge=--lr 1e30", "--seeds", "1", "--samples", "0", "--out", str(out),
+                 "--", "--env", "tinyagent", "--max-steps", "3"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1
-    assert "huge seed 0 failed: non-finite gradient" in err and "huger seed 0 failed: non-finite gradient" in err
-    assert "2 of 2 runs failed" in err
-    assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text().strip()
+    assert "huge seed 0 failed: non-finite gradient" in err  # in one line
+    assert "1 of 2 runs failed" in err
+    (line,) = (out / "results.jsonl").read_text().splitlines()  # the other run, finished and kept
+    r = json.loads(line)
+    assert (r["row"], r["seed"], r["steps"]) == ("on-policy", 0, 3)
+    assert [h["step"] for h in r["history"]] == [0, 1, 2]
+    assert set(r["history"][0]) >= {"reward", "skipped", "loss", "update_s", "action_tokens"}
+    assert r["reward"] == sum(h["reward"] for h in r["history"]) / 3
+    assert r["skipped"] == sum(h["skipped"] for h in r["history"])
+    assert "on-policy" in (out / "table.md").read_text()

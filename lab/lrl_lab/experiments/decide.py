@@ -13,7 +13,8 @@ own draws differ where its distribution does). Each run reports its held-out pas
 evaluation, its held-out pass rate sampled (``--samples`` episodes a problem at the run's training temperature,
 after training: a finer measure than one greedy answer a problem, which saturates on an easy task and drowns in
 noise on 64), its mean training reward over the run, the mismatch, the share over the TIS cap, the steps skipped,
-the batches redrawn (``--redraw-flat``) and its wall time (model loading included; the evaluation after it not).
+the batches redrawn (``--redraw-flat``) and its wall time (model loading included; the evaluation after it not),
+and step by step its reward, skipped flag, action tokens, mismatch, loss, gradient norm and phase times.
 
 Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
 ``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
@@ -68,6 +69,21 @@ PRESETS = {
         "lag 8, MIS": "--sampler lagged --lag 8 --correction mis",
     },
     "fast": {"on-policy": "", "lag 8": "--sampler lagged --lag 8"},  # a pilot's two rows
+}
+# what results.jsonl keeps of each step of a run: where a row's time went, and the first step at which two runs of
+# the same flags and seed part (the loss and the gradient norm, at full precision)
+STEP_KEYS = {
+    "step": "step",
+    "reward": "train/reward",
+    "skipped": "train/skipped",
+    "action_tokens": "train/action_tokens",
+    "mismatch": "mismatch/abs_mean",
+    "over_cap": "mismatch/over_cap",
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    "sample_s": "time/sample",
+    "old_logp_s": "time/old_logp",
+    "update_s": "time/update",
 }
 # the chapter's conclusions as (claim, row a, row b, the sign a - b has where the claim holds)
 CLAIMS = [
@@ -165,6 +181,7 @@ def one_run(cell: tuple) -> dict:
         "steps": len(hist),
         "wall": wall,
         "evals": [{"step": e["step"], "pass_rate": e["pass_rate"]} for e in evals],
+        "history": [{name: h[key] for name, key in STEP_KEYS.items() if key in h} for h in hist],
     }
 
 
