@@ -104,7 +104,12 @@ def test_jobs_whose_runs_together_exceed_the_memory_are_refused(monkeypatch, smo
     monkeypatch.setattr("lrl.budget.available_bytes", lambda: int(room))
     assert decide.check_rows(rows, flags, 0, 1, 1) == []
     (problem,) = decide.check_rows(rows, flags, 0, 2, 1)
-    assert problem.startswith("--jobs 2: the costliest rows side by side ('lag 8'") and problem.endswith("--jobs 1 fits")
+    assert problem.startswith("--jobs 2: the costliest runs side by side ('lag 8'") and problem.endswith("--jobs 1 fits")
+    # two runs of one row are two runs: two lag-8 seeds side by side do not fit, two on-policy ones do
+    lag = {"lag 8": rows["lag 8"]}
+    assert len(decide.check_rows(lag, flags, 0, 2, 1, {"lag 8": 2})) == 1
+    assert decide.check_rows(lag, flags, 0, 2, 1, {"lag 8": 1}) == []
+    assert decide.check_rows({"on-policy": ""}, flags, 0, 2, 1, {"on-policy": 2}) == []
 
 
 def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_path, capsys):

@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -254,11 +255,14 @@ def run_argv(flags: list[str], row_flags: str, seed: int, threads: int) -> list[
     return argv + ["--progress", "false"]
 
 
-def check_rows(rows: dict[str, str], flags: list[str], seed: int, jobs: int, threads: int) -> list[str]:
+def check_rows(
+    rows: dict[str, str], flags: list[str], seed: int, jobs: int, threads: int, runs: dict[str, int] | None = None
+) -> list[str]:
     """What would stop the rows before any run starts -> one line per problem (empty: none): a row whose flags
     train.py refuses, whose model or environment cannot be built, or whose step does not fit the memory alone;
-    and `jobs` runs of the costliest rows side by side past the memory this machine has (each run's memory plan,
-    lrl/budget.py, counts its weights, optimizer, the sampler's copies and a step's peak)."""
+    and the `jobs` costliest of the runs to do (`runs`: a row's count; default `jobs` each) side by side past the
+    memory this machine has (each run's memory plan, lrl/budget.py, counts its weights, optimizer, the sampler's
+    copies and a step's peak)."""
     from lrl.arguments import parse_args
     from lrl.budget import SHARE, available_bytes
     from lrl.errors import ConfigError
@@ -272,14 +276,16 @@ def check_rows(rows: dict[str, str], flags: list[str], seed: int, jobs: int, thr
             problems.append(f"row {label!r} ({row_flags or 'no flags'}): {err}")
             continue
         peaks[label] = plan.step_peak or plan.static
-    costliest = sorted(peaks.items(), key=lambda kv: -kv[1])
+    counts = runs or {}
+    each = sorted(((b, label) for label, b in peaks.items() for _ in range(counts.get(label, jobs))), reverse=True)
+    costliest = each[:jobs]  # the runs that may be in flight together at worst
     have = SHARE * available_bytes()
-    together = sum(b for _, b in costliest[:jobs])
-    if jobs > 1 and len(peaks) and together > have:
-        fits = max(1, sum(1 for i in range(1, jobs + 1) if sum(b for _, b in costliest[:i]) <= have))
-        names = ", ".join(f"{label!r} {b / 2**30:.1f} GiB" for label, b in costliest[:jobs])
+    together = sum(b for b, _ in costliest)
+    if jobs > 1 and together > have:
+        fits = max(1, sum(1 for i in range(1, jobs + 1) if sum(b for b, _ in costliest[:i]) <= have))
+        names = ", ".join(f"{label!r} {b / 2**30:.1f} GiB" for b, label in costliest)
         problems.append(
-            f"--jobs {jobs}: the costliest rows side by side ({names}, at a step's peak) need about "
+            f"--jobs {jobs}: the costliest runs side by side ({names}, at a step's peak) need about "
             f"{together / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB this machine has ({SHARE} of "
             f"the memory available): the kernel would kill runs; --jobs {fits} fits"
         )
@@ -344,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         for label in rows
         if (label, seed) not in have
     ]  # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
-    problems = check_rows({label: rows[label] for label, *_ in cells}, flags, args.first_seed, args.jobs, threads)
+    to_do = Counter(label for label, *_ in cells)
+    problems = check_rows({label: rows[label] for label in to_do}, flags, args.first_seed, args.jobs, threads, to_do)
     for line in problems:  # before any run: a typo in one row would otherwise surface hours into the others
         print(f"decide: {line}", file=sys.stderr)
     if problems:
