@@ -259,3 +259,22 @@ def test_the_memory_estimate_bounds_the_peak_of_a_measured_step(smollm2_cut, tmp
     estimate, budget = float(plan.group(1)) * 2**30, float(plan.group(2)) * 2**30
     assert estimate <= budget
     assert 0.5 * peak <= estimate <= 2.0 * peak, (estimate / 2**30, peak / 2**30)
+
+
+def test_a_plan_narrowed_by_the_budget_says_so(smollm2_cut):
+    """Microbatches set by the budget, not by MICRO_TOKENS, sum gradients in another order: the plan's note says
+    that a run with more memory computes other numbers, and how to pin it."""
+    from lrl.arguments import parse_args
+    from lrl.budget import MICRO_TOKENS
+    from lrl.run import plan_run
+
+    flags = ["--env", "calc", "--model", str(smollm2_cut)]
+    roomy = plan_run(parse_args([*flags, "--memory-budget", "64"]))[2]
+    assert roomy.train_tokens == MICRO_TOKENS and roomy.narrowed() is None
+    assert "narrowed" not in roomy.describe()
+    # room for 1,200 trained tokens beside what stays (one episode is 648)
+    tight_gib = (roomy.static + roomy.head + 1200 * roomy.train_token) / 2**30 + 0.01
+    tight = plan_run(parse_args([*flags, "--memory-budget", f"{tight_gib:.3f}"]))[2]
+    assert tight.train_tokens < MICRO_TOKENS
+    assert f"microbatches of up to {tight.train_tokens:,} tokens" in tight.describe()
+    assert "narrowed from 2,048 by the budget" in tight.describe() and "--memory-budget pins" in tight.describe()

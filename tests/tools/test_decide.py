@@ -125,6 +125,7 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     (line,) = (out / "results.jsonl").read_text().splitlines()  # the other run, finished and kept
     r = json.loads(line)
     assert (r["row"], r["seed"], r["steps"]) == ("on-policy", 0, 3)
+    assert "micro_tokens" in r  # None: the built-in policy has no memory plan to narrow
     assert [h["step"] for h in r["history"]] == [0, 1, 2]
     assert set(r["history"][0]) >= {"reward", "skipped", "loss", "update_s", "action_tokens"}
     assert r["reward"] == sum(h["reward"] for h in r["history"]) / 3

@@ -181,6 +181,8 @@ def one_run(cell: tuple) -> dict:
         "redrawn": sum(h.get("train/redrawn", 0.0) for h in hist),
         "steps": len(hist),
         "wall": wall,
+        # the memory plan's microbatch: runs of one seed planned otherwise compute other numbers (lrl/budget.py)
+        "micro_tokens": run.module.memory.train_tokens if run.module.memory is not None else None,
         "evals": [{"step": e["step"], "pass_rate": e["pass_rate"]} for e in evals],
         "history": [{name: h[key] for name, key in STEP_KEYS.items() if key in h} for h in hist],
     }
