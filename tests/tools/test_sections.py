@@ -42,6 +42,8 @@ WHOLE_CONFIG = {
     "lrl/preflight.py:check_model": "the preflight: each chosen entry's check_model, given the sections it names",
     "lrl/checkpoint.py:check_resume": "the checkpoint: compares every option a checkpoint recorded with this run's",
     "lrl/run.py:build_run": "the entry point that builds every part of a run, each from its sections",
+    "lrl/run.py:plan_run": "the part of build_run that checks a run before its model loads (the preflight, the "
+    "environment, the sampler, the memory plan), for a caller that checks many configs first",
     "lrl/module.py:OffPolicyModule.__init__": "the checkpoint: the trainer writes the run's whole configuration "
     "into each checkpoint, and the callbacks read it from the module",
     "lrl/pipeline/source.py:AsyncSource.__init__": "an entry point: a rollout worker process is set up with the "
