@@ -19,14 +19,14 @@ and step by step its reward, skipped flag, action tokens, mismatch, loss, gradie
 Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
 ``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
 run. Before any run, every row is checked as its runs would be (flags, model, environment, memory plan) and so is
-``--jobs`` of the costliest side by side against the machine's memory (a lagged sampler keeps lag + 1 copies of
-the weights: about 12 GiB a run for SmolLM2 at lag 8); a problem is named and nothing runs. A run that fails later
-(a step that diverges) is named in one line and the others go on; a run the kernel kills ends the command with
-advice to lower ``--jobs``, what finished kept. The tables (``table.md``): each row's mean with its 95% interval (Student's
-t over seeds); each row's paired difference from the baseline row (``--baseline``, default the first) over the
-seeds both have, with its interval and the seeds a difference of ``--effect`` would need to be seen (80% power, at
-the spread measured); and each claim of the chapter whose rows were run: "holds", "does not hold", or "not decided
-at this power".
+``--jobs`` of the costliest side by side against the machine's memory (a lagged sampler keeps lag + 1 copies of the
+weights: about 12 GiB a run for SmolLM2 at lag 8); a problem is named and nothing runs. A run that fails later (a
+step that diverges) is named in one line and the others go on; a run the kernel kills ends the command with advice
+to lower ``--jobs``, what finished kept. The tables (``table.md``): each row's mean with its 95% interval (Student's
+t over seeds); each row's paired difference from the baseline row (``--baseline``, default the first) over the seeds
+both have, with its interval and the seeds a difference of ``--effect`` would need to be seen (80% power, at the
+spread measured); and each claim of the chapter whose rows were run: "holds", "does not hold", or "not decided at
+this power".
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from itertools import accumulate
 from pathlib import Path
 
 from lrl.cli import OneLineParser
@@ -267,14 +268,13 @@ def check_rows(
     copies and a step's peak)."""
     from lrl.arguments import parse_args
     from lrl.budget import SHARE, available_bytes
-    from lrl.errors import ConfigError
     from lrl.run import plan_run
 
     problems, peaks = [], {}
     for label, row_flags in rows.items():
         try:
             plan = plan_run(parse_args(run_argv(flags, row_flags, seed, threads)))[2]
-        except (ConfigError, ValueError) as err:
+        except ValueError as err:  # a ConfigError, or a value a registry entry refuses
             problems.append(f"row {label!r} ({row_flags or 'no flags'}): {err}")
             continue
         peaks[label] = plan.step_peak or plan.static
@@ -284,7 +284,7 @@ def check_rows(
     have = SHARE * available_bytes()
     together = sum(b for b, _ in costliest)
     if jobs > 1 and together > have:
-        fits = max(1, sum(1 for i in range(1, jobs + 1) if sum(b for b, _ in costliest[:i]) <= have))
+        fits = max(1, sum(1 for total in accumulate(b for b, _ in costliest) if total <= have))
         names = ", ".join(f"{label!r} {b / 2**30:.1f} GiB" for b, label in costliest)
         problems.append(
             f"--jobs {jobs}: the costliest runs side by side ({names}, at a step's peak) need about "
