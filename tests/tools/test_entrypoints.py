@@ -4,16 +4,16 @@ without doing any work, and the cheap ones also run a tiny real configuration.
 Both lists are discovered from the tree (``bench/*.py``; every module under ``lrl/`` and the lab's
 ``lab/lrl_lab/`` with a main block, and every package ``__main__``), so a new script or entry point is covered without editing this file, and a move
 that breaks one's imports fails here. The commands run a few at a time, each in an empty folder that must
-stay empty under ``--help``.
+stay empty under ``--help``, each in a fork of one interpreter that has the heavy imports done (entry_driver.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -86,22 +86,21 @@ def environment() -> dict[str, str]:
 
 
 def run_all(commands: dict[str, tuple[list[str], Path]], timeout: float) -> dict:
-    """Run each (argv, cwd), a few at a time -> name: CompletedProcess."""
-
-    def one(item):
-        name, (argv, cwd) = item
-        done = subprocess.run(
-            [sys.executable, *argv],
-            cwd=cwd,
-            env=environment(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        return name, done
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(pool.map(one, commands.items()))
+    """Run each (argv, cwd), a few at a time, as ``python ARGV`` would -> name: CompletedProcess. Each is a fork of
+    one interpreter that imported torch, lightning and transformers once (entry_driver.py): those imports are most
+    of an entry point's start, paid here once instead of fifty times."""
+    jobs = [{"name": name, "argv": argv, "cwd": str(cwd)} for name, (argv, cwd) in commands.items()]
+    driver = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("entry_driver.py")), str(timeout)],
+        input=json.dumps(jobs),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout * len(jobs),
+    )
+    assert driver.returncode == 0, driver.stderr[-2000:]
+    outs = json.loads(driver.stdout)
+    return {name: subprocess.CompletedProcess(commands[name][0], **outs[name]) for name in commands}
 
 
 @pytest.fixture(scope="module")
