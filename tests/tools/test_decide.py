@@ -5,7 +5,16 @@ import math
 
 import pytest
 
-from lrl_lab.experiments.decide import interval, markdown, paired, parse_rows, seeds_needed, verdict
+from lrl_lab.experiments.decide import (
+    exact_mcnemar,
+    interval,
+    markdown,
+    paired,
+    parse_rows,
+    seeds_needed,
+    verdict,
+    wilson,
+)
 
 
 def test_the_interval_is_students_t_over_the_seeds():
@@ -32,6 +41,27 @@ def test_paired_differences_use_the_seeds_both_rows_have():
 def test_seeds_needed_grow_with_the_spread_and_shrink_with_the_effect():
     assert seeds_needed(0.1, 0.1) == math.ceil((2.8 * 1.0) ** 2)
     assert seeds_needed(0.2, 0.1) > seeds_needed(0.1, 0.1) > seeds_needed(0.1, 0.2)
+
+
+def test_the_share_that_learned_has_wilsons_interval_and_mcnemars_exact_p():
+    assert wilson(8, 8) == pytest.approx((0.6756, 1.0), abs=1e-4)  # the textbook values at n = 8
+    assert wilson(0, 8) == pytest.approx((0.0, 0.3244), abs=1e-4)
+    assert wilson(5, 8) == pytest.approx((0.3057, 0.8632), abs=1e-4)
+    # discordant seeds 3 to 0: each way at even odds gives 0 or 3 of 3 with probability 2 / 8
+    assert exact_mcnemar(0, 3) == pytest.approx(0.25) == exact_mcnemar(3, 0)
+    assert exact_mcnemar(0, 0) == 1.0 and exact_mcnemar(2, 2) == 1.0
+    assert exact_mcnemar(0, 6) == pytest.approx(2 / 64)
+
+
+def test_the_table_counts_the_runs_that_learned_and_pairs_them():
+    results = []
+    for seed, (on, fp8) in enumerate([(0.5, 0.5), (0.6, 0.1), (0.55, 0.12), (0.5, 0.6)]):
+        for row, value in (("on-policy", on), ("FP8", fp8)):
+            results.append({"row": row, "seed": seed, "sampled": value, "greedy": value, "reward": value,
+                            "greedy_first": 0.1, "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0})  # fmt: skip
+    table = markdown(results, ["on-policy", "FP8"], "on-policy", 0.1, "greedy", gain=0.25)
+    assert "| 4 of 4 (0.51-1.00) |" in table and "| 2 of 4 (0.15-0.85) |" in table
+    assert "| 0, 2 (0.50) |" in table  # seeds 1 and 2 learned on-policy only
 
 
 def test_rows_come_from_presets_and_labels():

@@ -26,7 +26,9 @@ to lower ``--jobs``, what finished kept. The tables (``table.md``): each row's m
 t over seeds); each row's paired difference from the baseline row (``--baseline``, default the first) over the seeds
 both have, with its interval and the seeds a difference of ``--effect`` would need to be seen (80% power, at the
 spread measured); and each claim of the chapter whose rows were run: "holds", "does not hold", or "not decided at
-this power".
+this power". Where runs part into those that learn and those that do not (a real model's often do), the mean hides
+it: each row also counts its runs that gained ``--learned`` held-out greedy (Wilson's 95% interval), and each
+paired difference the seeds where only one of the two rows learned (McNemar's exact p).
 """
 
 from __future__ import annotations
@@ -125,6 +127,24 @@ def seeds_needed(sd: float, effect: float) -> float:
     return math.ceil(((1.96 + 0.84) * sd / effect) ** 2)
 
 
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of a share of k in n (it stays inside [0, 1] and is not empty at 0 or n)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    z, share = 1.96, k / n
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(centre - half, 0.0), min(centre + half, 1.0)
+
+
+def exact_mcnemar(only_a: int, only_b: int) -> float:
+    """Two-sided exact p of McNemar's test: of the seeds where one row's run learned and the other's did not,
+    `only_a` went a's way and `only_b` b's; under no difference each way has even odds."""
+    n = only_a + only_b
+    tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
 def verdict(diff: tuple[float, float], sign: int) -> str:
     """'holds' where the interval of a - b lies wholly on the claim's side of 0, 'does not hold' where it lies
     wholly on the other, else 'not decided at this power'."""
@@ -203,30 +223,47 @@ def paired(rows: dict, a: str, b: str, metric: str) -> list[float]:
     return [rows[a][s][metric] - rows[b][s][metric] for s in common]
 
 
-def markdown(results: list[dict], order: list[str], baseline: str, effect: float, primary: str) -> str:
+def learned(run: dict, gain: float) -> bool:
+    """The run gained at least `gain` held-out greedy between its first and last evaluation."""
+    return run["greedy"] - run["greedy_first"] >= gain
+
+
+def markdown(
+    results: list[dict], order: list[str], baseline: str, effect: float, primary: str, gain: float = 0.25
+) -> str:
     rows = by_row(results)
     order = [r for r in order if r in rows] + [r for r in rows if r not in order]
     fmt = lambda m, h: f"{m:.3f} ± {h:.3f}" if math.isfinite(h) else f"{m:.3f}"  # noqa: E731
-    lines = ["| row | seeds | " + " | ".join(METRICS.values()) + " | greedy at start | mismatch | over cap | wall (min) |",
-             "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- | --- | --- |"]  # fmt: skip
+    lines = ["| row | seeds | " + " | ".join(METRICS.values()) + " | greedy at start | mismatch | over cap | "
+             f"learned (+{gain:g} greedy) | wall (min) |",
+             "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- | --- | --- | --- |"]  # fmt: skip
     for label in order:
         runs = list(rows[label].values())
         cells = [fmt(*interval([r[m] for r in runs])[:2]) for m in METRICS]
         extra = [fmt(*interval([r[k] for r in runs])[:2]) for k in ("greedy_first", "mismatch", "over_cap")]
+        k = sum(learned(r, gain) for r in runs)
+        extra.append("{} of {} ({:.2f}-{:.2f})".format(k, len(runs), *wilson(k, len(runs))))
         wall = interval([r["wall"] / 60 for r in runs])
         lines.append(f"| {label} | {len(runs)} | " + " | ".join(cells + extra) + f" | {wall[0]:.1f} (max "
                      f"{max(r['wall'] for r in runs) / 60:.1f}) |")  # fmt: skip
     lines += ["", f"Paired differences from **{baseline}** (row minus {baseline}, over the seeds both have; 95% "
               f"intervals; seeds needed: for a difference of {effect:g} to be seen with 80% power at the spread "
-              "measured):", "", "| row | seeds | " + " | ".join(METRICS.values()) + " | seeds needed (" +
-              METRICS[primary] + ") |", "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- |"]  # fmt: skip
+              f"measured; learned: seeds where only the row's run gained {gain:g}, where only {baseline}'s did, "
+              "and McNemar's exact p):", "", "| row | seeds | " + " | ".join(METRICS.values()) + " | seeds needed ("
+              + METRICS[primary] + ") | learned: only row, only baseline (p) |",
+              "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- |"]  # fmt: skip
     for label in order:
         if label == baseline or baseline not in rows:
             continue
         diffs = {m: paired(rows, label, baseline, m) for m in METRICS}
         cells = [fmt(*interval(diffs[m])[:2]) for m in METRICS]
         need = seeds_needed(interval(diffs[primary])[2], effect)
-        lines.append(f"| {label} | {len(diffs[primary])} | " + " | ".join(cells) + f" | {need:g} |")
+        common = set(rows[label]) & set(rows[baseline])
+        gained = {s: (learned(rows[label][s], gain), learned(rows[baseline][s], gain)) for s in common}
+        only_row = sum(a and not b for a, b in gained.values())
+        only_base = sum(b and not a for a, b in gained.values())
+        lines.append(f"| {label} | {len(diffs[primary])} | " + " | ".join(cells) + f" | {need:g} | {only_row}, "
+                     f"{only_base} ({exact_mcnemar(only_row, only_base):.2f}) |")  # fmt: skip
     claims = [(c, a, b, s) for c, a, b, s in CLAIMS if a in rows and b in rows]
     if claims:
         lines += ["", f"The chapter's claims, on {METRICS[primary]} (a - b over paired seeds, 95% interval):", "",
@@ -320,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", default=None, help="the row the others are compared with (default: the first)")
     p.add_argument("--effect", type=float, default=0.1, help="the difference the seeds-needed column sizes for")
     p.add_argument("--metric", default="sampled", choices=sorted(METRICS), help="the claims' metric")
+    p.add_argument(
+        "--learned", type=float, default=0.25, help="the held-out greedy gain that counts a run as learned (0.25)"
+    )
     p.add_argument("--out", default="results/decide", help="folder of results.jsonl and table.md")
     p.add_argument("--from-results", metavar="JSONL", help="run nothing: the tables of this results.jsonl")
     p.add_argument("flags", nargs="*", help="train.py flags of every run, after -- (default: --env calc)")
@@ -338,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--baseline: {baseline!r} is not one of the rows ({', '.join(rows)})")
     out = Path(args.out)
     if args.from_results:
-        print(markdown(results, list(rows), baseline, args.effect, args.metric))
+        print(markdown(results, list(rows), baseline, args.effect, args.metric, args.learned))
         return 0
     flags = args.flags or ["--env", "calc"]
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
@@ -387,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i}/{len(cells)}] {r['row']} seed {r['seed']}: greedy {r['greedy_first']:.3f} -> "
                   f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
                   f"{r['wall'] / 60:.1f} min ({(time.time() - start) / 60:.0f} min in all)", flush=True)  # fmt: skip
-    table = markdown(done, list(rows), baseline, args.effect, args.metric)
+    table = markdown(done, list(rows), baseline, args.effect, args.metric, args.learned)
     (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\n\n" + table)
     print(table)
     if failed:
