@@ -61,7 +61,11 @@ def test_the_table_counts_the_runs_that_learned_and_pairs_them():
                             "greedy_first": 0.1, "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0})  # fmt: skip
     table = markdown(results, ["on-policy", "FP8"], "on-policy", 0.1, "greedy", gain=0.25)
     assert "| 4 of 4 (0.51-1.00) |" in table and "| 2 of 4 (0.15-0.85) |" in table
-    assert "| 0, 2 (0.50) |" in table  # seeds 1 and 2 learned on-policy only
+    # seeds 1 and 2 learned on-policy only: in the paired differences and in the claim "FP8 costs"
+    assert table.count("| 0, 2 (0.50) |") == 2
+    claim = next(line for line in table.splitlines() if line.startswith("| FP8 costs"))
+    # a - b: 0, -0.5, -0.43, +0.1 by seed, mean -0.2075, sd 0.3015: t(3) 3.182 gives a half-width of 0.480
+    assert claim.endswith("± 0.480 | 4 | not decided at this power | 0, 2 (0.50) |"), claim
 
 
 def test_rows_come_from_presets_and_labels():

@@ -228,6 +228,13 @@ def learned(run: dict, gain: float) -> bool:
     return run["greedy"] - run["greedy_first"] >= gain
 
 
+def learned_pairs(rows: dict, a: str, b: str, gain: float) -> str:
+    """Of the seeds both rows have: those where only a's run learned, only b's, and McNemar's exact p."""
+    both = [(learned(rows[a][s], gain), learned(rows[b][s], gain)) for s in set(rows[a]) & set(rows[b])]
+    only_a, only_b = sum(x and not y for x, y in both), sum(y and not x for x, y in both)
+    return f"{only_a}, {only_b} ({exact_mcnemar(only_a, only_b):.2f})"
+
+
 def markdown(
     results: list[dict], order: list[str], baseline: str, effect: float, primary: str, gain: float = 0.25
 ) -> str:
@@ -258,20 +265,17 @@ def markdown(
         diffs = {m: paired(rows, label, baseline, m) for m in METRICS}
         cells = [fmt(*interval(diffs[m])[:2]) for m in METRICS]
         need = seeds_needed(interval(diffs[primary])[2], effect)
-        common = set(rows[label]) & set(rows[baseline])
-        gained = {s: (learned(rows[label][s], gain), learned(rows[baseline][s], gain)) for s in common}
-        only_row = sum(a and not b for a, b in gained.values())
-        only_base = sum(b and not a for a, b in gained.values())
-        lines.append(f"| {label} | {len(diffs[primary])} | " + " | ".join(cells) + f" | {need:g} | {only_row}, "
-                     f"{only_base} ({exact_mcnemar(only_row, only_base):.2f}) |")  # fmt: skip
+        lines.append(f"| {label} | {len(diffs[primary])} | " + " | ".join(cells) + f" | {need:g} | "
+                     f"{learned_pairs(rows, label, baseline, gain)} |")  # fmt: skip
     claims = [(c, a, b, s) for c, a, b, s in CLAIMS if a in rows and b in rows]
     if claims:
         lines += ["", f"The chapter's claims, on {METRICS[primary]} (a - b over paired seeds, 95% interval):", "",
-                  "| claim | a - b | seeds | verdict |", "| --- | --- | --- | --- |"]  # fmt: skip
+                  f"| claim | a - b | seeds | verdict | learned (+{gain:g}): only a, only b (p) |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
         for claim, a, b, sign in claims:
             diff = interval(paired(rows, a, b, primary))
             lines.append(f"| {claim} | {fmt(*diff[:2])} | {len(paired(rows, a, b, primary))} | "
-                         f"{verdict(diff[:2], sign)} |")  # fmt: skip
+                         f"{verdict(diff[:2], sign)} | {learned_pairs(rows, a, b, gain)} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
