@@ -53,12 +53,18 @@ def test_the_share_that_learned_has_wilsons_interval_and_mcnemars_exact_p():
     assert exact_mcnemar(0, 6) == pytest.approx(2 / 64)
 
 
+def two_rows(a: str, b: str, values: list[tuple[float, float]]) -> list[dict]:
+    """Runs of rows a and b, seed by seed, every measure of a run at its value (held-out greedy 0.1 at the start)."""
+    return [
+        {"row": row, "seed": seed, "sampled": value, "greedy": value, "reward": value, "greedy_first": 0.1,
+         "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0}  # fmt: skip
+        for seed, pair in enumerate(values)
+        for row, value in zip((a, b), pair)
+    ]
+
+
 def test_the_table_counts_the_runs_that_learned_and_pairs_them():
-    results = []
-    for seed, (on, fp8) in enumerate([(0.5, 0.5), (0.6, 0.1), (0.55, 0.12), (0.5, 0.6)]):
-        for row, value in (("on-policy", on), ("FP8", fp8)):
-            results.append({"row": row, "seed": seed, "sampled": value, "greedy": value, "reward": value,
-                            "greedy_first": 0.1, "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0})  # fmt: skip
+    results = two_rows("on-policy", "FP8", [(0.5, 0.5), (0.6, 0.1), (0.55, 0.12), (0.5, 0.6)])
     table = markdown(results, ["on-policy", "FP8"], "on-policy", 0.1, "greedy", gain=0.25)
     assert "| 4 of 4 (0.51-1.00) |" in table and "| 2 of 4 (0.15-0.85) |" in table
     # seeds 1 and 2 learned on-policy only: in the paired differences and in the claim "FP8 costs"
@@ -76,11 +82,7 @@ def test_rows_come_from_presets_and_labels():
 
 
 def test_the_table_names_each_claim_it_can_judge():
-    results = []
-    for seed, (on, lag) in enumerate([(0.5, 0.3), (0.6, 0.35), (0.55, 0.3), (0.5, 0.32)]):
-        for row, value in (("on-policy", on), ("lag 8", lag)):
-            results.append({"row": row, "seed": seed, "sampled": value, "greedy": value, "reward": value,
-                            "greedy_first": 0.1, "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0})  # fmt: skip
+    results = two_rows("on-policy", "lag 8", [(0.5, 0.3), (0.6, 0.35), (0.55, 0.3), (0.5, 0.32)])
     table = markdown(results, ["on-policy", "lag 8"], "on-policy", 0.1, "sampled")
     assert "| staleness costs (lag 8 below on-policy) |" in table
     assert "| holds |" in table  # every seed: lag 8 is 0.18 to 0.25 below on-policy
