@@ -273,8 +273,9 @@ def markdown(
                   f"| claim | a - b | seeds | verdict | learned (+{gain:g}): only a, only b (p) |",
                   "| --- | --- | --- | --- | --- |"]  # fmt: skip
         for claim, a, b, sign in claims:
-            diff = interval(paired(rows, a, b, primary))
-            lines.append(f"| {claim} | {fmt(*diff[:2])} | {len(paired(rows, a, b, primary))} | "
+            pairs = paired(rows, a, b, primary)
+            diff = interval(pairs)
+            lines.append(f"| {claim} | {fmt(*diff[:2])} | {len(pairs)} | "
                          f"{verdict(diff[:2], sign)} | {learned_pairs(rows, a, b, gain)} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
