@@ -5,12 +5,12 @@ import math
 
 import pytest
 
-from lrl_lab.experiments.decide import (
+from lrl_lab.experiments.decide import parse_rows
+from lrl_lab.experiments.decide_tables import (
     exact_mcnemar,
     interval,
     markdown,
     paired,
-    parse_rows,
     seeds_needed,
     verdict,
     wilson,

@@ -1,0 +1,156 @@
+"""decide's tables: each row's mean with its 95% interval, paired differences from a baseline row, the runs that
+learned, and the chapter's claims with a verdict each; read from the runs of results.jsonl (decide.py runs them)."""
+
+from __future__ import annotations
+
+import math
+
+# two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's 1.96 is within 2%)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+       20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+METRICS = {
+    "sampled": "held-out, sampled",
+    "greedy": "held-out, greedy",
+    "reward": "training reward",
+}
+# the chapter's conclusions as (claim, row a, row b, the sign a - b has where the claim holds)
+CLAIMS = [
+    ("staleness costs (lag 8 below on-policy)", "lag 8", "on-policy", -1),
+    ("TIS recovers what lag 8 costs", "lag 8, TIS", "lag 8", +1),
+    ("FP8 costs (FP8 below on-policy)", "FP8", "on-policy", -1),
+    ("TIS recovers what FP8 costs", "FP8, TIS", "FP8", +1),
+    ("MIS recovers what FP8 costs", "FP8, MIS", "FP8", +1),
+    ("staleness costs at lag 4", "lag 4", "on-policy", -1),
+    ("TIS recovers what lag 4 costs", "lag 4, TIS", "lag 4", +1),
+    ("MIS recovers what lag 8 costs", "lag 8, MIS", "lag 8", +1),
+]
+
+
+
+# -- statistics -------------------------------------------------------------------------------------------------
+def t95(df: int) -> float:
+    if df < 1:
+        return float("nan")
+    known = [k for k in T95 if k <= df]
+    return T95[max(known)] if df <= 30 else 1.96
+
+
+def interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and the half-width of its 95% interval (Student's t), and the standard deviation: (mean, half, sd)."""
+    n = len(xs)
+    mean = sum(xs) / n if n else float("nan")
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    return mean, t95(n - 1) * sd / math.sqrt(n), sd
+
+
+def seeds_needed(sd: float, effect: float) -> float:
+    """Seeds for a paired difference of `effect` to be seen with 80% power at 5% (two-sided), at spread `sd`."""
+    if not effect > 0 or not math.isfinite(sd):
+        return float("nan")
+    return math.ceil(((1.96 + 0.84) * sd / effect) ** 2)
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of a share of k in n (it stays inside [0, 1] and is not empty at 0 or n)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    z, share = 1.96, k / n
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(centre - half, 0.0), min(centre + half, 1.0)
+
+
+def exact_mcnemar(only_a: int, only_b: int) -> float:
+    """Two-sided exact p of McNemar's test: of the seeds where one row's run learned and the other's did not,
+    `only_a` went a's way and `only_b` b's; under no difference each way has even odds."""
+    n = only_a + only_b
+    tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def verdict(diff: tuple[float, float], sign: int) -> str:
+    """'holds' where the interval of a - b lies wholly on the claim's side of 0, 'does not hold' where it lies
+    wholly on the other, else 'not decided at this power'."""
+    mean, half = diff
+    if not math.isfinite(half):
+        return "not decided at this power"
+    low, high = mean - half, mean + half
+    if (sign > 0 and low > 0) or (sign < 0 and high < 0):
+        return "holds"
+    if (sign > 0 and high < 0) or (sign < 0 and low > 0):
+        return "does not hold"
+    return "not decided at this power"
+
+
+# -- tables -------------------------------------------------------------------------------------------------------
+def by_row(results: list[dict]) -> dict[str, dict[int, dict]]:
+    out: dict[str, dict[int, dict]] = {}
+    for r in results:
+        out.setdefault(r["row"], {})[r["seed"]] = r
+    return out
+
+
+def paired(rows: dict, a: str, b: str, metric: str) -> list[float]:
+    """a - b on every seed both rows have."""
+    common = sorted(set(rows.get(a, {})) & set(rows.get(b, {})))
+    return [rows[a][s][metric] - rows[b][s][metric] for s in common]
+
+
+def learned(run: dict, gain: float) -> bool:
+    """The run gained at least `gain` held-out greedy between its first and last evaluation."""
+    return run["greedy"] - run["greedy_first"] >= gain
+
+
+def learned_pairs(rows: dict, a: str, b: str, gain: float) -> str:
+    """Of the seeds both rows have: those where only a's run learned, only b's, and McNemar's exact p."""
+    both = [(learned(rows[a][s], gain), learned(rows[b][s], gain)) for s in set(rows[a]) & set(rows[b])]
+    only_a, only_b = sum(x and not y for x, y in both), sum(y and not x for x, y in both)
+    return f"{only_a}, {only_b} ({exact_mcnemar(only_a, only_b):.2f})"
+
+
+def markdown(
+    results: list[dict], order: list[str], baseline: str, effect: float, primary: str, gain: float = 0.25
+) -> str:
+    rows = by_row(results)
+    order = [r for r in order if r in rows] + [r for r in rows if r not in order]
+    fmt = lambda m, h: f"{m:.3f} ± {h:.3f}" if math.isfinite(h) else f"{m:.3f}"  # noqa: E731
+    lines = ["| row | seeds | " + " | ".join(METRICS.values()) + " | greedy at start | mismatch | over cap | "
+             f"learned (+{gain:g} greedy) | wall (min) |",
+             "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for label in order:
+        runs = list(rows[label].values())
+        cells = [fmt(*interval([r[m] for r in runs])[:2]) for m in METRICS]
+        extra = [fmt(*interval([r[k] for r in runs])[:2]) for k in ("greedy_first", "mismatch", "over_cap")]
+        k = sum(learned(r, gain) for r in runs)
+        extra.append("{} of {} ({:.2f}-{:.2f})".format(k, len(runs), *wilson(k, len(runs))))
+        wall = interval([r["wall"] / 60 for r in runs])
+        lines.append(f"| {label} | {len(runs)} | " + " | ".join(cells + extra) + f" | {wall[0]:.1f} (max "
+                     f"{max(r['wall'] for r in runs) / 60:.1f}) |")  # fmt: skip
+    lines += ["", f"Paired differences from **{baseline}** (row minus {baseline}, over the seeds both have; 95% "
+              f"intervals; seeds needed: for a difference of {effect:g} to be seen with 80% power at the spread "
+              f"measured; learned: seeds where only the row's run gained {gain:g}, where only {baseline}'s did, "
+              "and McNemar's exact p):", "", "| row | seeds | " + " | ".join(METRICS.values()) + " | seeds needed ("
+              + METRICS[primary] + ") | learned: only row, only baseline (p) |",
+              "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- |"]  # fmt: skip
+    for label in order:
+        if label == baseline or baseline not in rows:
+            continue
+        diffs = {m: paired(rows, label, baseline, m) for m in METRICS}
+        cells = [fmt(*interval(diffs[m])[:2]) for m in METRICS]
+        need = seeds_needed(interval(diffs[primary])[2], effect)
+        lines.append(f"| {label} | {len(diffs[primary])} | " + " | ".join(cells) + f" | {need:g} | "
+                     f"{learned_pairs(rows, label, baseline, gain)} |")  # fmt: skip
+    claims = [(c, a, b, s) for c, a, b, s in CLAIMS if a in rows and b in rows]
+    if claims:
+        lines += ["", f"The chapter's claims, on {METRICS[primary]} (a - b over paired seeds, 95% interval):", "",
+                  f"| claim | a - b | seeds | verdict | learned (+{gain:g}): only a, only b (p) |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for claim, a, b, sign in claims:
+            pairs = paired(rows, a, b, primary)
+            diff = interval(pairs)
+            lines.append(f"| {claim} | {fmt(*diff[:2])} | {len(pairs)} | "
+                         f"{verdict(diff[:2], sign)} | {learned_pairs(rows, a, b, gain)} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
