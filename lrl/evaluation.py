@@ -65,6 +65,7 @@ def evaluate(
 
 def heldout(model, spec, options: EvaluationOptions, seed: int, train_temperature: float) -> dict:
     """The held-out evaluation a run's evaluation section asks for: ``eval_episodes`` per held-out task, sampled
-    at ``eval_temperature`` (the training temperature where it is none)."""
+    at ``eval_temperature`` (the training temperature where it is none); ``tasks`` holds each task's own summary
+    (which problems a pass rate comes from)."""
     temperature = train_temperature if options.eval_temperature is None else options.eval_temperature
-    return evaluate(model, spec, None, options.eval_episodes, seed, temperature)
+    return evaluate(model, spec, None, options.eval_episodes, seed, temperature, per_task=True)

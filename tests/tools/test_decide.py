@@ -74,6 +74,29 @@ def test_the_table_counts_the_runs_that_learned_and_pairs_them():
     assert claim.endswith("± 0.480 | 4 | not decided at this power | 0, 2 (0.50) |"), claim
 
 
+def test_the_table_reads_each_kind_of_problem_apart():
+    kinds = {"plain": [0, 1], "story": [2, 3, 4, 5]}
+    results = [{**run, "kinds": kinds, "evals": [{"solved": []}, {"solved": solved}]}
+               for run, solved in zip(two_rows("on-policy", "FP8", [(0.5, 0.4), (0.6, 0.1)]),
+                                      [[0, 1, 2], [0], [0, 1], [1, 7]])]  # fmt: skip
+    table = markdown(results, ["on-policy", "FP8"], "on-policy", 0.1, "greedy")
+    assert "| row | runs | plain (2) | story (4) |" in table
+    # on-policy's last evaluations passed 2 of 2 and 2 of 2 plain, 1 of 4 and 0 of 4 stories (a problem outside
+    # the held-out set, 7, counts in no kind); FP8's 1 of 2 and 1 of 2 plain, no story
+    assert "| on-policy | 2 | 0.00 ± 0.00 -> 1.00 ± 0.00 | 0.00 ± 0.00 -> 0.12 ± 1.59 |" in table
+    assert "| FP8 | 2 | 0.00 ± 0.00 -> 0.50 ± 0.00 | 0.00 ± 0.00 -> 0.00 ± 0.00 |" in table
+    assert "by kind" not in markdown(two_rows("a", "b", [(0.5, 0.4)]), ["a", "b"], "a", 0.1, "greedy")
+
+
+def test_calc_problems_are_plain_where_the_question_states_the_expression():
+    from lrl.envs.calc.tasks import make_calc_tasks
+
+    held = make_calc_tasks("heldout")
+    assert {t.kind for t in held} == {"plain", "story"}
+    for t in held:  # the plain questions are those that ask "What is a op b?"
+        assert (t.kind == "plain") == (t.prompt == f"What is {t.a} {t.op} {t.b}?"), t
+
+
 def test_rows_come_from_presets_and_labels():
     rows = parse_rows(["fast", "lag 4=--sampler lagged --lag 4"])
     assert rows == {"on-policy": "", "lag 8": "--sampler lagged --lag 8", "lag 4": "--sampler lagged --lag 4"}
@@ -166,4 +189,8 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     assert set(r["history"][0]) >= {"reward", "skipped", "loss", "update_s", "action_tokens"}
     assert r["reward"] == sum(h["reward"] for h in r["history"]) / 3
     assert r["skipped"] == sum(h["skipped"] for h in r["history"])
-    assert "on-policy" in (out / "table.md").read_text()
+    held = r["kinds"]["all"]  # TinyAgent's tasks name no kind: one kind, every held-out problem
+    assert list(r["kinds"]) == ["all"] and len(held) == len(set(held)) > 0
+    assert all(set(e["solved"]) <= set(held) for e in r["evals"])
+    table = (out / "table.md").read_text()
+    assert "on-policy" in table and f"| all ({len(held)}) |" in table

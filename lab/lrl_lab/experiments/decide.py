@@ -14,7 +14,9 @@ evaluation, its held-out pass rate sampled (``--samples`` episodes a problem at 
 after training: a finer measure than one greedy answer a problem, which saturates on an easy task and drowns in
 noise on 64), its mean training reward over the run, the mismatch, the share over the TIS cap, the steps skipped,
 the batches redrawn (``--redraw-flat``) and its wall time (model loading included; the evaluation after it not),
-and step by step its reward, skipped flag, action tokens, mismatch, loss, gradient norm and phase times.
+and step by step its reward, skipped flag, action tokens, mismatch, loss, gradient norm and phase times; and which
+held-out problems each evaluation passed, so that a pass rate can be read by kind of problem (calc's plain questions
+and stories), in a table of its own.
 
 Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
 ``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
@@ -100,12 +102,16 @@ def one_run(cell: tuple) -> dict:
     run = build_run(cfg, logger=False, callbacks=None)
     result = fit(run)
     wall = time.time() - start
-    sampled = float("nan")
+    sampled, sampled_tasks = float("nan"), {}
     if samples:
         with autocast(run.module.precision):
-            sampled = evaluate(
-                run.policy, run.spec, None, samples, stream_seed(seed, EVALUATION) + 1, cfg.temperature
-            )["pass_rate"]
+            held = evaluate(
+                run.policy, run.spec, None, samples, stream_seed(seed, EVALUATION) + 1, cfg.temperature, per_task=True
+            )
+        sampled, sampled_tasks = held["pass_rate"], {t: s["pass_rate"] for t, s in held["tasks"].items()}
+    kinds: dict[str, list[int]] = {}  # the held-out problems by kind (the environment's, where its tasks name one)
+    for task in run.spec.heldout_tasks:
+        kinds.setdefault(str(getattr(task, "kind", "all")), []).append(task.task_id)
     hist = run.module.history
     mean = lambda key: sum(h.get(key, 0.0) for h in hist) / max(len(hist), 1)  # noqa: E731
     evals = run.module.evals
@@ -125,9 +131,16 @@ def one_run(cell: tuple) -> dict:
         "wall": wall,
         # the memory plan's microbatch: runs of one seed planned otherwise compute other numbers (lrl/budget.py)
         "micro_tokens": run.module.memory.train_tokens if run.module.memory is not None else None,
-        "evals": [{"step": e["step"], "pass_rate": e["pass_rate"]} for e in evals],
+        "evals": [{"step": e["step"], "pass_rate": e["pass_rate"], "solved": solved(e)} for e in evals],
+        "kinds": kinds,
+        "sampled_tasks": sampled_tasks,
         "history": [{name: h[key] for name, key in STEP_KEYS.items() if key in h} for h in hist],
     }
+
+
+def solved(evaluation: dict) -> list[int]:
+    """The held-out problems an evaluation passed (a pass rate of a half or more over its episodes)."""
+    return sorted(t for t, stats in evaluation.get("tasks", {}).items() if stats["pass_rate"] >= 0.5)
 
 
 # -- the command ----------------------------------------------------------------------------------------------------

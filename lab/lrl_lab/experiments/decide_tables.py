@@ -153,4 +153,37 @@ def markdown(
             diff = interval(pairs)
             lines.append(f"| {claim} | {fmt(*diff[:2])} | {len(pairs)} | "
                          f"{verdict(diff[:2], sign)} | {learned_pairs(rows, a, b, gain)} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + kinds_table(rows, order)) + "\n"
+
+
+def kind_share(evaluation: dict, run: dict, kind: str) -> float:
+    """The share of the run's held-out problems of `kind` that `evaluation` passed."""
+    of_kind = set(run["kinds"].get(kind, []))
+    return len(set(evaluation["solved"]) & of_kind) / len(of_kind) if of_kind else float("nan")
+
+
+def kinds_table(rows: dict, order: list[str]) -> list[str]:
+    """Per row, the share of each kind of held-out problem passed greedy at the first and the last evaluation
+    (mean and 95% interval over the runs that recorded which problems they passed); none where no run did."""
+    recorded = {label: [r for r in rows[label].values() if r.get("kinds") and r.get("evals")] for label in order}
+    sizes: dict[str, int] = {}
+    for r in (r for runs in recorded.values() for r in runs):
+        sizes.update({k: len(ids) for k, ids in r["kinds"].items()})
+    if not sizes:
+        return []
+    kinds = sorted(sizes)
+    fmt = lambda m, h: f"{m:.2f} ± {h:.2f}" if math.isfinite(h) else f"{m:.2f}"  # noqa: E731
+    lines = ["", "Held-out greedy by kind of problem: the share of each kind passed, first -> last evaluation (the "
+             "runs that recorded which problems they passed; the kind's number of problems in brackets):", "",
+             "| row | runs | " + " | ".join(f"{k} ({sizes[k]})" for k in kinds) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in kinds) + " |"]  # fmt: skip
+    for label, runs in recorded.items():
+        if not runs:
+            continue
+        cells = []
+        for k in kinds:
+            first = interval([kind_share(r["evals"][0], r, k) for r in runs])
+            last = interval([kind_share(r["evals"][-1], r, k) for r in runs])
+            cells.append(f"{fmt(*first[:2])} -> {fmt(*last[:2])}")
+        lines.append(f"| {label} | {len(runs)} | " + " | ".join(cells) + " |")
+    return lines

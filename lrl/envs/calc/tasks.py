@@ -54,6 +54,12 @@ class CalcTask:
     def prompt(self) -> str:
         return STORIES[self.story][0].format(a=self.a, b=self.b)
 
+    @property
+    def kind(self) -> str:
+        """'plain' (the question states the expression) or 'story' (the model must build it): the part of the
+        held-out set a run's pass rate comes from."""
+        return "plain" if self.story < PLAIN else "story"
+
 
 PLAIN = 3  # the first three entries of STORIES are plain questions: half the problems are drawn among them
 
