@@ -163,7 +163,7 @@ def kind_share(evaluation: dict, run: dict, kind: str) -> float:
 
 
 def kinds_table(rows: dict, order: list[str]) -> list[str]:
-    """Per row, the share of each kind of held-out problem passed greedy at the first and the last evaluation
+    """Per row, the share of each kind of held-out problem passed (greedy on calc) at the first and the last evaluation
     (mean and 95% interval over the runs that recorded which problems they passed); none where no run did."""
     recorded = {label: [r for r in rows[label].values() if r.get("kinds") and r.get("evals")] for label in order}
     sizes: dict[str, int] = {}
@@ -173,8 +173,8 @@ def kinds_table(rows: dict, order: list[str]) -> list[str]:
         return []
     kinds = sorted(sizes)
     fmt = lambda m, h: f"{m:.2f} ± {h:.2f}" if math.isfinite(h) else f"{m:.2f}"  # noqa: E731
-    lines = ["", "Held-out greedy by kind of problem: the share of each kind passed, first -> last evaluation (the "
-             "runs that recorded which problems they passed; the kind's number of problems in brackets):", "",
+    lines = ["", "Held-out evaluation by kind of problem (greedy on calc): the share of each kind passed, first -> "
+             "last evaluation (the runs that recorded which problems they passed; the kind's problems in brackets):", "",
              "| row | runs | " + " | ".join(f"{k} ({sizes[k]})" for k in kinds) + " |",
              "| --- | --- | " + " | ".join("---" for _ in kinds) + " |"]  # fmt: skip
     for label, runs in recorded.items():
