@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 
@@ -95,6 +96,16 @@ def test_calc_problems_are_plain_where_the_question_states_the_expression():
     assert {t.kind for t in held} == {"plain", "story"}
     for t in held:  # the plain questions are those that ask "What is a op b?"
         assert (t.kind == "plain") == (t.prompt == f"What is {t.a} {t.op} {t.b}?"), t
+
+
+def test_each_run_has_a_process_of_its_own_and_every_run_comes_back():
+    from lrl_lab.experiments.decide import each_in_its_own_process
+
+    cells = ["__import__('os').getpid()"] * 3  # eval in the run's process: its pid
+    got = [(cell, future.result()) for cell, future in each_in_its_own_process(cells, 2, fn=eval)]
+    pids = [pid for _, pid in got]
+    assert len(got) == 3 and len(set(pids)) == 3 and os.getpid() not in pids
+    assert [cell for cell, _ in got] == cells
 
 
 def test_rows_come_from_presets_and_labels():

@@ -23,8 +23,8 @@ Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finish
 run. Before any run, every row is checked as its runs would be (flags, model, environment, memory plan) and so is
 ``--jobs`` of the costliest side by side against the machine's memory (a lagged sampler keeps lag + 1 copies of the
 weights: about 12 GiB a run for SmolLM2 at lag 8); a problem is named and nothing runs. A run that fails later (a
-step that diverges) is named in one line and the others go on; a run the kernel kills ends the command with advice
-to lower ``--jobs``, what finished kept. The tables (``table.md``): each row's mean with its 95% interval (Student's
+step that diverges) is named in one line and the others go on, and so is a run the kernel kills, with advice to
+lower ``--jobs``. Each run has a process of its own, which ends with it. The tables (``table.md``): each row's mean with its 95% interval (Student's
 t over seeds); each row's paired difference from the baseline row (``--baseline``, default the first) over the seeds
 both have, with its interval and the seeds a difference of ``--effect`` would need to be seen (80% power, at the
 spread measured); and each claim of the chapter whose rows were run: "holds", "does not hold", or "not decided at
@@ -42,7 +42,7 @@ import os
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from itertools import accumulate
 from pathlib import Path
@@ -199,6 +199,30 @@ def check_rows(
     return problems
 
 
+def each_in_its_own_process(cells: list, jobs: int, fn=one_run):
+    """Run `fn` (one_run) on every cell, `jobs` at a time, each in a fresh process (spawned; it dies with this one, so
+    a killed command leaves no run burning the cores) -> (cell, its finished future), in the order they finish.
+    A process serves one run only: a run's memory is gone before the next one plans its own (a reused process
+    still held the last run's, and a lag-8 run after another was refused as too large), and no state of one run
+    reaches the next."""
+    context = multiprocessing.get_context("spawn")
+    pending, running = list(cells), {}
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                cell = pending.pop(0)
+                pool = ProcessPoolExecutor(1, mp_context=context, initializer=die_with_parent)
+                running[pool.submit(fn, cell)] = (cell, pool)
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                cell, pool = running.pop(future)
+                pool.shutdown(wait=True)
+                yield cell, future
+    finally:  # stopped early (an interrupt): the runs in flight end with it
+        for pool in (pool for _, pool in running.values()):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
 def read_done(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -270,31 +294,26 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")
     start = time.time()
-    context = multiprocessing.get_context("spawn")
-    # workers die with this process (a killed command leaves no run burning the cores), and each run is written
-    # as it finishes, not in the order the runs were started
     failed = 0
-    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=die_with_parent) as pool:
-        futures = {pool.submit(one_run, cell): cell for cell in cells}
-        for i, future in enumerate(as_completed(futures), 1):
-            label, _, seed, *_ = futures[future]
-            try:
-                r = future.result()
-            except BrokenProcessPool:  # the kernel killed a run (memory, most often): the pool is gone with it
-                print(f"decide: the process of a run died ({label} seed {seed} or one beside it; killed for memory, "
-                      f"most likely: try fewer --jobs); the runs finished are kept in {done_path}, and the command "
-                      "started again goes on from them", file=sys.stderr)  # fmt: skip
-                return 1
-            except Exception as err:  # a run refused or failed: said in one line, and the others go on
-                failed += 1
-                print(f"[{i}/{len(cells)}] {label} seed {seed} failed: {err}", file=sys.stderr, flush=True)
-                continue
-            with done_path.open("a") as f:
-                f.write(json.dumps(r) + "\n")
-            done.append(r)
-            print(f"[{i}/{len(cells)}] {r['row']} seed {r['seed']}: greedy {r['greedy_first']:.3f} -> "
-                  f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
-                  f"{r['wall'] / 60:.1f} min ({(time.time() - start) / 60:.0f} min in all)", flush=True)  # fmt: skip
+    for i, (cell, future) in enumerate(each_in_its_own_process(cells, args.jobs), 1):
+        label, _, seed, *_ = cell
+        try:
+            r = future.result()
+        except BrokenProcessPool:  # the kernel killed the run's process (for memory, most often)
+            failed += 1
+            print(f"[{i}/{len(cells)}] {label} seed {seed} failed: its process died (killed for memory, most "
+                  "likely: try fewer --jobs); the command started again runs it again", file=sys.stderr, flush=True)  # fmt: skip
+            continue
+        except Exception as err:  # a run refused or failed: said in one line, and the others go on
+            failed += 1
+            print(f"[{i}/{len(cells)}] {label} seed {seed} failed: {err}", file=sys.stderr, flush=True)
+            continue
+        with done_path.open("a") as f:
+            f.write(json.dumps(r) + "\n")
+        done.append(r)
+        print(f"[{i}/{len(cells)}] {r['row']} seed {r['seed']}: greedy {r['greedy_first']:.3f} -> "
+              f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
+              f"{r['wall'] / 60:.1f} min ({(time.time() - start) / 60:.0f} min in all)", flush=True)  # fmt: skip
     table = markdown(done, list(rows), baseline, args.effect, args.metric, args.learned)
     (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\n\n" + table)
     print(table)
