@@ -24,9 +24,9 @@ run. Before any run, every row is checked as its runs would be (flags, model, en
 ``--jobs`` of the costliest side by side against the machine's memory (a lagged sampler keeps lag + 1 copies of the
 weights: about 12 GiB a run for SmolLM2 at lag 8); a problem is named and nothing runs. A run that fails later (a
 step that diverges) is named in one line and the others go on, and so is a run the kernel kills, with advice to
-lower ``--jobs``. Each run has a process of its own, which ends with it. The tables (``table.md``): each row's mean with its 95% interval (Student's
-t over seeds); each row's paired difference from the baseline row (``--baseline``, default the first) over the seeds
-both have, with its interval and the seeds a difference of ``--effect`` would need to be seen (80% power, at the
+lower ``--jobs``. Each run has a process of its own, which ends with it. The tables (``table.md``): each row's
+mean with its 95% interval (Student's t over seeds); each row's paired difference from the baseline row
+(``--baseline``, default the first) over the seeds both have, with its interval and the seeds a difference of ``--effect`` would need to be seen (80% power, at the
 spread measured); and each claim of the chapter whose rows were run: "holds", "does not hold", or "not decided at
 this power". Where runs part into those that learn and those that do not (a real model's often do), the mean hides
 it: each row also counts its runs that gained ``--learned`` held-out greedy (Wilson's 95% interval), and each
@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenProcessPool:  # the kernel killed the run's process (for memory, most often)
             failed += 1
             print(f"[{i}/{len(cells)}] {label} seed {seed} failed: its process died (killed for memory, most "
-                  "likely: try fewer --jobs); the command started again runs it again", file=sys.stderr, flush=True)  # fmt: skip
+                  "likely: try fewer --jobs); the command started again runs it again", file=sys.stderr,
+                  flush=True)  # fmt: skip
             continue
         except Exception as err:  # a run refused or failed: said in one line, and the others go on
             failed += 1
