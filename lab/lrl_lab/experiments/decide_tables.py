@@ -111,12 +111,17 @@ def learned_pairs(rows: dict, a: str, b: str, gain: float) -> str:
     return f"{only_a}, {only_b} ({exact_mcnemar(only_a, only_b):.2f})"
 
 
+def mean_pm(mean: float, half: float, digits: int = 3) -> str:
+    """'mean ± half', or the mean alone where there is no interval (one seed)."""
+    return f"{mean:.{digits}f} ± {half:.{digits}f}" if math.isfinite(half) else f"{mean:.{digits}f}"
+
+
 def markdown(
     results: list[dict], order: list[str], baseline: str, effect: float, primary: str, gain: float = 0.25
 ) -> str:
     rows = by_row(results)
     order = [r for r in order if r in rows] + [r for r in rows if r not in order]
-    fmt = lambda m, h: f"{m:.3f} ± {h:.3f}" if math.isfinite(h) else f"{m:.3f}"  # noqa: E731
+    fmt = mean_pm
     lines = ["| row | seeds | " + " | ".join(METRICS.values()) + " | greedy at start | mismatch | over cap | "
              f"learned (+{gain:g} greedy) | wall (min) |",
              "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- | --- | --- | --- |"]  # fmt: skip
@@ -172,7 +177,7 @@ def kinds_table(rows: dict, order: list[str]) -> list[str]:
     if not sizes:
         return []
     kinds = sorted(sizes)
-    fmt = lambda m, h: f"{m:.2f} ± {h:.2f}" if math.isfinite(h) else f"{m:.2f}"  # noqa: E731
+    fmt = lambda m, h: mean_pm(m, h, 2)  # noqa: E731
     lines = ["", "Held-out evaluation by kind of problem (greedy on calc): the share of each kind passed, first -> "
              "last evaluation (the runs that recorded which problems they passed; the kind's problems in brackets):", "",
              "| row | runs | " + " | ".join(f"{k} ({sizes[k]})" for k in kinds) + " |",
