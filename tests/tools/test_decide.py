@@ -205,3 +205,36 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     assert all(set(e["solved"]) <= set(held) for e in r["evals"])
     table = (out / "table.md").read_text()
     assert "on-policy" in table and f"| all ({len(held)}) |" in table
+
+
+def test_stretches_between_evaluations_pair_the_held_out_change_with_the_mismatch_of_their_steps(tmp_path, capsys):
+    from lrl_lab.experiments.decide import main
+
+    def run(seed, rates, mismatches, grad_norms, skipped=()):
+        history = [{"step": k, "skipped": float(k in skipped), "mismatch": m, "grad_norm": g}
+                   for k, (m, g) in enumerate(zip(mismatches, grad_norms))]  # fmt: skip
+        evals = [{"step": 2 * i, "pass_rate": r, "solved": []} for i, r in enumerate(rates)]
+        return {"row": "lag 8", "seed": seed, "greedy_first": rates[0], "greedy": rates[-1], "sampled": 0.0,
+                "reward": 0.0, "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0, "evals": evals,
+                "history": history}  # fmt: skip
+
+    runs = [
+        # evaluations at steps 0, 2, 4: stretches of steps 0-1 and 2-3; step 3 skipped (it counts in no mean)
+        run(0, [0.1, 0.5, 0.25], [0.2, 0.4, 0.6, 9.0], [1.0, 2.0, 3.0, 99.0], skipped={3}),
+        run(1, [0.1, 0.2, 0.2], [0.1, 0.1, 0.3, 0.5], [1.0, 1.0, 2.0, 2.0]),
+        {"row": "lag 8", "seed": 2, "greedy_first": 0.1, "greedy": 0.3, "sampled": 0.0, "reward": 0.0,
+         "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0},  # fmt: skip
+    ]  # seed 2 kept no step records: no stretch of it is tabled
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    assert main(["--from-results", str(path), "--stretches", "lag 8"]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 | 0-1 | +0.400 | 0.30 | 1.50 |" in out and "| 0 | 2-3 | -0.250 | 0.60 | 3.00 |" in out
+    assert "| 1 | 0-1 | +0.100 | 0.10 | 1.00 |" in out and "| 1 | 2-3 | +0.000 | 0.40 | 2.00 |" in out
+    assert "| 2 |" not in out
+    assert "held-out rate fell over 1 of 2, mismatch 0.60\n" in out
+    assert "held-out rate stayed over 1 of 2, mismatch 0.40\n" in out
+    assert "held-out rate rose over 0 of 2\n" in out
+    with pytest.raises(SystemExit):
+        main(["--from-results", str(path), "--stretches", "lag 4"])
+    assert "--stretches: 'lag 4' not among the rows (lag 8)" in capsys.readouterr().err

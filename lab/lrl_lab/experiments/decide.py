@@ -30,7 +30,9 @@ mean with its 95% interval (Student's t over seeds); each row's paired differenc
 ``--effect`` would need to be seen (80% power, at the spread measured); and each claim of the chapter whose rows were run: "holds", "does not hold", or "not decided at
 this power". Where runs part into those that learn and those that do not (a real model's often do), the mean hides
 it: each row also counts its runs that gained ``--learned`` held-out greedy (Wilson's 95% interval), and each
-paired difference the seeds where only one of the two rows learned (McNemar's exact p).
+paired difference the seeds where only one of the two rows learned (McNemar's exact p). ``--stretches ROW`` adds
+that row's runs between each two held-out evaluations: the change of the pass rate beside the mean mismatch and
+gradient norm of the same steps (from the step records), which shows whether a run's decline came with its mismatch.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from pathlib import Path
 
 from lrl.cli import OneLineParser
 from lrl.pipeline.backends.spawn import die_with_parent
-from lrl_lab.experiments.decide_tables import METRICS, markdown
+from lrl_lab.experiments.decide_tables import METRICS, by_row, markdown, stretches_table
 
 PRESETS = {
     "core": {
@@ -229,6 +231,13 @@ def read_done(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def tables(results: list[dict], rows: dict, baseline: str, args) -> str:
+    """The markdown of the rows, and the stretches of each row asked for."""
+    table = markdown(results, list(rows), baseline, args.effect, args.metric, args.learned)
+    extra = [line for label in args.stretches for line in stretches_table(by_row(results), label)]
+    return table + ("\n".join(extra) + "\n" if extra else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(
         prog="python -m lrl_lab.experiments.decide",
@@ -254,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default="results/decide", help="folder of results.jsonl and table.md")
     p.add_argument("--from-results", metavar="JSONL", help="run nothing: the tables of this results.jsonl")
+    p.add_argument(
+        "--stretches",
+        metavar="ROW",
+        action="append",
+        default=[],
+        help="also this row's runs between two evaluations: held-out change, mismatch, gradient norm (repeatable)",
+    )
     p.add_argument("flags", nargs="*", help="train.py flags of every run, after -- (default: --env calc)")
     args = p.parse_args(argv)
     try:
@@ -269,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     if baseline not in rows:
         p.error(f"--baseline: {baseline!r} is not one of the rows ({', '.join(rows)})")
     out = Path(args.out)
+    if unknown := [r for r in args.stretches if r not in rows]:
+        p.error(f"--stretches: {', '.join(map(repr, unknown))} not among the rows ({', '.join(rows)})")
     if args.from_results:
-        print(markdown(results, list(rows), baseline, args.effect, args.metric, args.learned))
+        print(tables(results, rows, baseline, args))
         return 0
     flags = args.flags or ["--env", "calc"]
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
@@ -315,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(cells)}] {r['row']} seed {r['seed']}: greedy {r['greedy_first']:.3f} -> "
               f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
               f"{r['wall'] / 60:.1f} min ({(time.time() - start) / 60:.0f} min in all)", flush=True)  # fmt: skip
-    table = markdown(done, list(rows), baseline, args.effect, args.metric, args.learned)
+    table = tables(done, rows, baseline, args)
     (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\n\n" + table)
     print(table)
     if failed:

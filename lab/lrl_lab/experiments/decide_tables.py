@@ -192,3 +192,41 @@ def kinds_table(rows: dict, order: list[str]) -> list[str]:
             cells.append(f"{fmt(*first[:2])} -> {fmt(*last[:2])}")
         lines.append(f"| {label} | {len(runs)} | " + " | ".join(cells) + " |")
     return lines
+
+
+def stretches(run: dict) -> list[dict]:
+    """The run between each two of its evaluations: the change of its held-out greedy pass rate, and the mean
+    mismatch and gradient norm over the steps of the stretch that trained (from its step records); none for a
+    run that kept no step records."""
+    history, evals = run.get("history") or [], run.get("evals") or []
+    out = []
+    for a, b in zip(evals, evals[1:]):
+        steps = [h for h in history if a["step"] <= h["step"] < b["step"] and not h.get("skipped")]
+        if not steps:
+            continue
+        mean = {k: [h[k] for h in steps if h.get(k) is not None] for k in ("mismatch", "grad_norm")}
+        out.append({"steps": (a["step"], b["step"]), "change": b["pass_rate"] - a["pass_rate"],
+                    **{k: sum(v) / len(v) if v else math.nan for k, v in mean.items()}})  # fmt: skip
+    return out
+
+
+def stretches_table(rows: dict, label: str) -> list[str]:
+    """One row's runs stretch by stretch (between two held-out evaluations): the held-out greedy change beside the
+    mean mismatch and gradient norm of the same steps, then the stretches after each run's first by whether the
+    held-out rate fell, stayed or rose, with the range of their mismatch. Empty where no run kept step records."""
+    runs = {seed: stretches(run) for seed, run in sorted(rows.get(label, {}).items())}
+    if not any(runs.values()):
+        return []
+    lines = ["", f"**{label}**, run by run between two held-out evaluations (the mean over the steps that trained):",
+             "", "| seed | steps | held-out greedy change | mismatch | gradient norm |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for seed, parts in runs.items():
+        lines += [f"| {seed} | {p['steps'][0]}-{p['steps'][1] - 1} | {p['change']:+.3f} | {p['mismatch']:.2f} | "
+                  f"{p['grad_norm']:.2f} |" for p in parts]  # fmt: skip
+    later = [p for parts in runs.values() for p in parts[1:]]
+    lines.append("")
+    for name, keep in (("fell", lambda c: c < 0), ("stayed", lambda c: c == 0), ("rose", lambda c: c > 0)):
+        picked = [p["mismatch"] for p in later if keep(round(p["change"], 9))]
+        span = f", mismatch {min(picked):.2f}" + (f"-{max(picked):.2f}" if len(picked) > 1 else "") if picked else ""
+        lines.append(f"- after the first stretch, the held-out rate {name} over {len(picked)} of {len(later)}{span}")
+    return lines
