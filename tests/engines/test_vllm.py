@@ -254,6 +254,7 @@ def test_an_engine_that_fails_mid_run_stops_it_with_one_line_and_the_checkpoint_
     assert 0 < saved["global_step"] == len(run.module.history)  # the last finished step is saved
 
 
+@pytest.mark.slow  # 19 s on 2 cores (an engine of its own): out of the default run, which starts the engine elsewhere
 def test_a_model_whose_context_outgrows_the_cache_starts_with_the_context_the_cache_holds(tok, spec, format_policy):
     """A chat model's context (SmolLM2: 8,192 tokens) can need more cache than --vllm-kv-cache gives, where vLLM
     refuses a context it cannot hold; the engine then starts with the longest sequence the cache holds and samples
