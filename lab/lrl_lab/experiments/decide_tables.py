@@ -121,14 +121,13 @@ def markdown(
 ) -> str:
     rows = by_row(results)
     order = [r for r in order if r in rows] + [r for r in rows if r not in order]
-    fmt = mean_pm
     lines = ["| row | seeds | " + " | ".join(METRICS.values()) + " | greedy at start | mismatch | over cap | "
              f"learned (+{gain:g} greedy) | wall (min) |",
              "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- | --- | --- | --- |"]  # fmt: skip
     for label in order:
         runs = list(rows[label].values())
-        cells = [fmt(*interval([r[m] for r in runs])[:2]) for m in METRICS]
-        extra = [fmt(*interval([r[k] for r in runs])[:2]) for k in ("greedy_first", "mismatch", "over_cap")]
+        cells = [mean_pm(*interval([r[m] for r in runs])[:2]) for m in METRICS]
+        extra = [mean_pm(*interval([r[k] for r in runs])[:2]) for k in ("greedy_first", "mismatch", "over_cap")]
         k = sum(learned(r, gain) for r in runs)
         extra.append("{} of {} ({:.2f}-{:.2f})".format(k, len(runs), *wilson(k, len(runs))))
         wall = interval([r["wall"] / 60 for r in runs])
@@ -144,7 +143,7 @@ def markdown(
         if label == baseline or baseline not in rows:
             continue
         diffs = {m: paired(rows, label, baseline, m) for m in METRICS}
-        cells = [fmt(*interval(diffs[m])[:2]) for m in METRICS]
+        cells = [mean_pm(*interval(diffs[m])[:2]) for m in METRICS]
         need = seeds_needed(interval(diffs[primary])[2], effect)
         lines.append(f"| {label} | {len(diffs[primary])} | " + " | ".join(cells) + f" | {need:g} | "
                      f"{learned_pairs(rows, label, baseline, gain)} |")  # fmt: skip
@@ -156,7 +155,7 @@ def markdown(
         for claim, a, b, sign in claims:
             pairs = paired(rows, a, b, primary)
             diff = interval(pairs)
-            lines.append(f"| {claim} | {fmt(*diff[:2])} | {len(pairs)} | "
+            lines.append(f"| {claim} | {mean_pm(*diff[:2])} | {len(pairs)} | "
                          f"{verdict(diff[:2], sign)} | {learned_pairs(rows, a, b, gain)} |")  # fmt: skip
     return "\n".join(lines + kinds_table(rows, order)) + "\n"
 
@@ -227,6 +226,7 @@ def stretches_table(rows: dict, label: str) -> list[str]:
     lines.append("")
     for name, keep in (("fell", lambda c: c < 0), ("stayed", lambda c: c == 0), ("rose", lambda c: c > 0)):
         picked = [p["mismatch"] for p in later if keep(round(p["change"], 9))]
-        span = f", mismatch {min(picked):.2f}" + (f"-{max(picked):.2f}" if len(picked) > 1 else "") if picked else ""
+        span = f"{min(picked):.2f}-{max(picked):.2f}" if len(picked) > 1 else "".join(f"{m:.2f}" for m in picked)
+        span = f", mismatch {span}" if span else ""
         lines.append(f"- after the first stretch, the held-out rate {name} over {len(picked)} of {len(later)}{span}")
     return lines
