@@ -5,13 +5,15 @@ import math
 import os
 
 import pytest
+import torch
 
-from lrl_lab.experiments.decide import parse_rows
+from lrl_lab.experiments.decide import machine_name, parse_rows
 from lrl_lab.experiments.decide_tables import (
     exact_mcnemar,
     interval,
     markdown,
     paired,
+    provenance_lines,
     seeds_needed,
     verdict,
     wilson,
@@ -205,6 +207,32 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     assert all(set(e["solved"]) <= set(held) for e in r["evals"])
     table = (out / "table.md").read_text()
     assert "on-policy" in table and f"| all ({len(held)}) |" in table
+    assert (r["machine"], r["precision"]) == (machine_name("cpu"), "fp32")  # a 153k-parameter policy: fp32 anywhere
+    assert r["torch"] == torch.__version__ and r["commit"]
+    assert f"- 1 run(s) on {r['machine']}, fp32, torch {r['torch']}, at {r['commit']}" in table
+
+
+def test_runs_of_another_machine_are_not_resumed_into_and_the_tables_say_where_runs_come_from(tmp_path, capsys):
+    from lrl_lab.experiments.decide import main
+
+    other = {"row": "on-policy", "flags": "", "seed": 0, "greedy_first": 0.1, "greedy": 0.5, "sampled": 0.4,
+             "reward": 0.3, "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0, "machine": "8-core Elsewhere (amx_bf16)",
+             "precision": "bf16", "torch": "2.13.0", "commit": "abc1234"}  # fmt: skip
+    (tmp_path / "results.jsonl").write_text(json.dumps(other) + "\n")
+    argv = ["--rows", "on-policy=", "--seeds", "2", "--samples", "0", "--out", str(tmp_path), "--", "--env",
+            "tinyagent", "--max-steps", "1"]  # fmt: skip
+    assert main(argv) == 2  # seed 1 would run here, beside seed 0 of another machine
+    err = capsys.readouterr().err
+    assert "holds runs of 8-core Elsewhere (amx_bf16)" in err and machine_name("cpu") in err
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 1  # nothing ran
+    mine = dict(other, seed=1, machine=machine_name("cpu"), precision="fp32", commit="def5678")
+    unknown = {k: v for k, v in other.items() if k not in ("machine", "precision", "torch", "commit")}
+    lines = provenance_lines([other, mine, dict(mine, seed=2, commit="0123abc"), dict(unknown, seed=3)])
+    assert lines[1] == "- 1 run(s) on 8-core Elsewhere (amx_bf16), bf16, torch 2.13.0, at abc1234"
+    assert lines[2] == f"- 2 run(s) on {machine_name('cpu')}, fp32, torch 2.13.0, at def5678, 0123abc"
+    assert lines[3] == "- 1 run(s) without a record of their machine, arithmetic or commit"
+    assert "more than one machine" in lines[4]
+    assert not any("more than one" in line for line in provenance_lines([mine]))
 
 
 def test_stretches_between_evaluations_pair_the_held_out_change_with_the_mismatch_of_their_steps(tmp_path, capsys):

@@ -14,9 +14,11 @@ evaluation, its held-out pass rate sampled (``--samples`` episodes a problem at 
 after training: a finer measure than one greedy answer a problem, which saturates on an easy task and drowns in
 noise on 64), its mean training reward over the run, the mismatch, the share over the TIS cap, the steps skipped,
 the batches redrawn (``--redraw-flat``) and its wall time (model loading included; the evaluation after it not),
-and step by step its reward, skipped flag, action tokens, mismatch, loss, gradient norm and phase times; and which
+and step by step its reward, skipped flag, action tokens, mismatch, loss, gradient norm and phase times; which
 held-out problems each evaluation passed, so that a pass rate can be read by kind of problem (calc's plain questions
-and stories), in a table of its own.
+and stories), in a table of its own; and where it ran: the machine, the arithmetic, torch and lrl's commit. One
+seed computes other numbers on another processor (bf16 where it is native, fp32 elsewhere), so a results file keeps
+one machine's runs: the command refuses to add runs of another, and the tables name where their runs come from.
 
 Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
 ``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
@@ -51,7 +53,7 @@ from pathlib import Path
 
 from lrl.cli import OneLineParser
 from lrl.pipeline.backends.spawn import die_with_parent
-from lrl_lab.experiments.decide_tables import METRICS, by_row, markdown, stretches_table
+from lrl_lab.experiments.decide_tables import METRICS, by_row, markdown, provenance_lines, stretches_table
 
 PRESETS = {
     "core": {
@@ -137,7 +139,46 @@ def one_run(cell: tuple) -> dict:
         "kinds": kinds,
         "sampled_tasks": sampled_tasks,
         "history": [{name: h[key] for name, key in STEP_KEYS.items() if key in h} for h in hist],
+        **provenance(run.module.precision, str(run.module.device)),
     }
+
+
+def machine_name(device: str = "cpu") -> str:
+    """The machine a run computes on, in words: the GPU's name, or the cores, the CPU's name and its native bf16."""
+    import platform
+
+    import torch
+
+    from lrl.precision import cpu_bf16_features
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(torch.device(device))} (CUDA)"
+    name = platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    for line in info.read_text().splitlines() if info.exists() else []:
+        if line.startswith("model name"):
+            name = line.split(":", 1)[1].strip()
+            break
+    return f"{os.cpu_count()}-core {name} ({', '.join(cpu_bf16_features()) or 'no native bf16'})"
+
+
+def provenance(precision: str, device: str) -> dict:
+    """Where a run's numbers come from: the machine (one seed computes other numbers on another processor, and
+    ``precision: auto`` picks bf16 only where it is native), the arithmetic, torch, and lrl's commit (with ``+``
+    where the code of lrl, the lab or train.py differs from it; ``unknown`` outside a checkout)."""
+    import subprocess
+
+    import torch
+
+    import lrl
+
+    root = Path(lrl.__file__).resolve().parents[1]
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True)  # noqa: E731
+    head = git("rev-parse", "--short", "HEAD")
+    commit = head.stdout.strip() if head.returncode == 0 else "unknown"
+    if head.returncode == 0 and git("diff", "--quiet", "HEAD", "--", "lrl", "lab", "train.py").returncode:
+        commit += "+"
+    return {"machine": machine_name(device), "precision": precision, "torch": torch.__version__, "commit": commit}
 
 
 def solved(evaluation: dict) -> list[int]:
@@ -201,6 +242,19 @@ def check_rows(
     return problems
 
 
+def run_device(flags: list[str], threads: int) -> str:
+    from lrl.arguments import parse_args
+    from lrl.precision import accelerator_device
+
+    return accelerator_device(parse_args(run_argv(flags, "", 0, threads)).run.accelerator)
+
+
+def other_machines(done: list[dict], flags: list[str], threads: int) -> list[str]:
+    """The machines of the runs done that are not the one these flags run on (runs with no machine recorded pass)."""
+    here = machine_name(run_device(flags, threads))
+    return sorted({r["machine"] for r in done if r.get("machine", here) != here})
+
+
 def each_in_its_own_process(cells: list, jobs: int, fn=one_run):
     """Run `fn` (one_run) on every cell, `jobs` at a time, each in a fresh process (spawned; it dies with this one, so
     a killed command leaves no run burning the cores) -> (cell, its finished future), in the order they finish.
@@ -236,7 +290,7 @@ def tables(results: list[dict], rows: dict, baseline: str, args) -> str:
     table = markdown(results, list(rows), baseline, args.effect, args.metric, args.learned)
     by_label = by_row(results)
     extra = [line for label in args.stretches for line in stretches_table(by_label, label)]
-    return table + ("\n".join(extra) + "\n" if extra else "")
+    return "\n".join(provenance_lines(results) + [table]) + ("\n".join(extra) + "\n" if extra else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"decide: {line}", file=sys.stderr)
     if problems:
         print(f"decide: nothing was run ({len(problems)} problem(s) above)", file=sys.stderr)
+        return 2
+    if cells and (others := other_machines(done, flags, threads)):
+        print(f"decide: {done_path} holds runs of {'; '.join(others)}, and these would run on "
+              f"{machine_name(run_device(flags, threads))}: one seed computes other numbers on each, so their rows "
+              "would not pair; give this machine's runs an --out of their own", file=sys.stderr)  # fmt: skip
         return 2
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")

@@ -116,6 +116,25 @@ def mean_pm(mean: float, half: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {half:.{digits}f}" if math.isfinite(half) else f"{mean:.{digits}f}"
 
 
+def provenance_lines(results: list[dict]) -> list[str]:
+    """Where the runs come from: one line per machine, arithmetic and torch, with the commits of its runs; and a
+    warning where the runs come from more than one (a paired difference across machines holds theirs too)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r.get("machine"), r.get("precision"), r.get("torch")), []).append(r)
+    lines = []
+    for (machine, precision, torch_version), runs in groups.items():
+        if machine is None:
+            lines.append(f"- {len(runs)} run(s) without a record of their machine, arithmetic or commit")
+            continue
+        commits = ", ".join(dict.fromkeys(r.get("commit", "unknown") for r in runs))
+        lines.append(f"- {len(runs)} run(s) on {machine}, {precision}, torch {torch_version}, at {commits}")
+    if len(groups) > 1:
+        lines.append("- **these runs come from more than one machine or arithmetic**: one seed computes other "
+                     "numbers on each, so a paired difference across them holds the machines' difference too")  # fmt: skip
+    return ["Runs:", *lines, ""] if lines else []
+
+
 def markdown(
     results: list[dict], order: list[str], baseline: str, effect: float, primary: str, gain: float = 0.25
 ) -> str:
