@@ -208,6 +208,7 @@ def test_the_mismatch_tool_runs_on_the_real_model(smollm2_cut, capsys):
 
 
 # -- memory ---------------------------------------------------------------------------------------------
+@pytest.mark.slow  # 17.7 s on a 2-core EPYC without AVX-512 (a step measured in a process of its own)
 def test_the_memory_estimate_bounds_the_peak_of_a_measured_step(smollm2_cut, tmp_path):
     """A real run in its own process (16 episodes of the coin task): its peak resident memory, read by the
     kernel, against the run's own estimate printed at its start."""

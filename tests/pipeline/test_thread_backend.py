@@ -65,6 +65,8 @@ def test_a_deterministic_run_on_threads_equals_the_one_on_processes(model_dir, t
     assert max(h["staleness/token_max"] for h in thread) == 1  # concurrent and stale, yet the same
 
 
+@pytest.mark.slow  # 17.5 s on a 2-core EPYC without AVX-512; the default run keeps a SIGKILL-resume of its own
+# (tests/pipeline/test_async_reliability.py), on processes
 def test_sigkill_then_resume_on_threads_is_lossless_and_equals_the_uninterrupted_run(model_dir, tmp_path):
     steps = 8
     extra = [
