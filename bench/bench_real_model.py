@@ -32,16 +32,9 @@ import torch  # noqa: E402
 
 
 def machine() -> str:
-    from lrl.precision import cpu_bf16_features
+    from lrl.precision import cpu_bf16_features, cpu_model
 
-    name = platform.processor() or "?"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    name = cpu_model() or platform.processor() or "?"
     feats = ", ".join(cpu_bf16_features()) or "no native bf16"
     return f"{name}, {os.cpu_count()} cores ({feats}), torch {torch.__version__}, {torch.get_num_threads()} threads"
 

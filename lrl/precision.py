@@ -27,16 +27,29 @@ def parameters(model: torch.nn.Module) -> int:
 
 
 @lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags in /proc/cpuinfo (empty where there is none to read)."""
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("model name", "flags", ...; empty where there is none to read)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():  # the end of the first processor's block
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return frozenset()
+    return fields
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags in /proc/cpuinfo (empty where there is none to read)."""
+    return frozenset(cpu_info().get("flags", "").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name in /proc/cpuinfo ("" where there is none to read)."""
+    return cpu_info().get("model name", "")
 
 
 def cpu_bf16_features() -> tuple[str, ...]:

@@ -30,9 +30,10 @@ lower ``--jobs``. Each run has a process of its own, which ends with it. The tab
 mean with its 95% interval (Student's t over seeds); each row's paired difference from the baseline row
 (``--baseline``, default the first) over the seeds both have, with its interval and the seeds a difference of
 ``--effect`` would need to be seen (80% power, at the spread measured); and each claim of the chapter whose rows
-were run: "holds", "does not hold", or "not decided at this power". Where runs part into those that learn and those that do not (a real model's often do), the mean hides
-it: each row also counts its runs that gained ``--learned`` held-out greedy (Wilson's 95% interval), and each
-paired difference the seeds where only one of the two rows learned (McNemar's exact p). ``--stretches ROW`` adds
+were run: "holds", "does not hold", or "not decided at this power". Where runs part into those that learn and
+those that do not (a real model's often do), the mean hides it: each row also counts its runs that gained
+``--learned`` held-out greedy (Wilson's 95% interval), and each paired difference the seeds where only one of the
+two rows learned (McNemar's exact p). ``--stretches ROW`` adds
 that row's runs between each two held-out evaluations: the change of the pass rate beside the mean mismatch and
 gradient norm of the same steps (from the step records), which shows whether a run's decline came with its mismatch.
 """
@@ -149,16 +150,11 @@ def machine_name(device: str = "cpu") -> str:
 
     import torch
 
-    from lrl.precision import cpu_bf16_features
+    from lrl.precision import cpu_bf16_features, cpu_model
 
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(torch.device(device))} (CUDA)"
-    name = platform.processor() or platform.machine()
-    info = Path("/proc/cpuinfo")
-    for line in info.read_text().splitlines() if info.exists() else []:
-        if line.startswith("model name"):
-            name = line.split(":", 1)[1].strip()
-            break
+    name = cpu_model() or platform.processor() or platform.machine()
     return f"{os.cpu_count()}-core {name} ({', '.join(cpu_bf16_features()) or 'no native bf16'})"
 
 
@@ -243,16 +239,11 @@ def check_rows(
 
 
 def run_device(flags: list[str], threads: int) -> str:
+    """The torch device type the runs of these flags compute on."""
     from lrl.arguments import parse_args
     from lrl.precision import accelerator_device
 
     return accelerator_device(parse_args(run_argv(flags, "", 0, threads)).run.accelerator)
-
-
-def other_machines(done: list[dict], flags: list[str], threads: int) -> list[str]:
-    """The machines of the runs done that are not the one these flags run on (runs with no machine recorded pass)."""
-    here = machine_name(run_device(flags, threads))
-    return sorted({r["machine"] for r in done if r.get("machine", here) != here})
 
 
 def each_in_its_own_process(cells: list, jobs: int, fn=one_run):
@@ -364,10 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print(f"decide: nothing was run ({len(problems)} problem(s) above)", file=sys.stderr)
         return 2
-    if cells and (others := other_machines(done, flags, threads)):
-        print(f"decide: {done_path} holds runs of {'; '.join(others)}, and these would run on "
-              f"{machine_name(run_device(flags, threads))}: one seed computes other numbers on each, so their rows "
-              "would not pair; give this machine's runs an --out of their own", file=sys.stderr)  # fmt: skip
+    here = machine_name(run_device(flags, threads))  # runs with no machine recorded pass
+    if cells and (others := sorted({r["machine"] for r in done if r.get("machine", here) != here})):
+        print(f"decide: {done_path} holds runs of {'; '.join(others)}, and these would run on {here}: one seed "
+              "computes other numbers on each, so their rows would not pair; give this machine's runs an --out of "
+              "their own", file=sys.stderr)  # fmt: skip
         return 2
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")

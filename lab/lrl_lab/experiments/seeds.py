@@ -195,15 +195,9 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} x {cpu}"
+    from lrl.precision import cpu_model
+
+    return f"{os.cpu_count()} x {cpu_model() or platform.processor() or platform.machine()}"
 
 
 def machine_words(name: str) -> str:
