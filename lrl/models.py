@@ -116,18 +116,6 @@ def file_hash(path: Path) -> str:
     return value
 
 
-@contextmanager
-def folder_lock(folder: Path):
-    """An exclusive lock beside `folder` (``<folder>.lock``): one process converts, the others wait for it."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_name(folder.name + ".lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _writer_gone(leftover: Path) -> bool:
     """Whether the process that wrote `leftover` (``<name>.tmp<pid>``) has ended: the lock of ``<name>``, where
     there is one, is free; else no process has that pid."""
@@ -222,7 +210,7 @@ def resolve_model(value: str, verbose: bool = True) -> Path:
 
 
 def _resolve(named: NamedModel, gguf: Path, verbose: bool) -> Path:
-    from lrl.warmstart import cache_dir
+    from lrl.warmstart import cache_dir, folder_lock
 
     remove_leftovers(cache_dir() / "models")
     folder = cache_dir() / "models" / f"{named.name}-{file_hash(gguf)}"
@@ -330,6 +318,8 @@ def cut_down(source: Path, layers: int = 2, dest: Path | None = None) -> Path:
     Cached beside the source (``<source>-layers<N>``), written atomically."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from lrl.warmstart import folder_lock
 
     source = Path(source)
     dest = Path(dest) if dest is not None else source.with_name(f"{source.name}-layers{layers}")

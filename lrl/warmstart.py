@@ -8,6 +8,7 @@ everything that determines it, written atomically.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -108,17 +109,33 @@ def cached_policy(
         return load_policy(path, tok)[0]
     if cache and (SHIPPED / name / "config.json").exists():
         return load_policy(SHIPPED / name, tok)[0]
-    if verbose:
-        print(f"building the RL base (one time, cached in {path})", flush=True)
-    model = build()
-    if cache:
+    if not cache:
+        return build()
+    with folder_lock(path):  # runs started together on an empty cache: one builds, the others wait and load it
+        if (path / "config.json").exists():
+            return load_policy(path, tok)[0]
+        if verbose:
+            print(f"building the RL base (one time, cached in {path})", flush=True)
+        model = build()
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         save_policy(model, tok, tmp)
         try:
             tmp.rename(path)
-        except OSError:  # another process finished first: keep its copy
+        except OSError:  # a folder of that name appeared meanwhile (a process that took no lock): keep it
             shutil.rmtree(tmp, ignore_errors=True)
     return model
+
+
+@contextmanager
+def folder_lock(folder: Path):
+    """An exclusive lock beside `folder` (``<folder>.lock``): one process writes the folder, the others wait."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True)

@@ -114,10 +114,22 @@ def model_dir(tmp_path_factory, tok, format_policy):
 
 @pytest.fixture(scope="session")
 def format_policy(tok):
-    """A policy warm-started for a few seconds: valid actions, reads sometimes, guesses: mixed rewards."""
-    from lrl.envs.tinyagent.base import BaseConfig, train_base
+    """A policy warm-started for a few seconds: valid actions, reads sometimes, guesses: mixed rewards. Trained
+    once a test run, into the session folder: the first worker to need it trains it while the other waits (at
+    full speed rather than both training at once on the same cores), and both load the saved copy."""
+    from pathlib import Path
 
-    return train_base(tok, BaseConfig(rule_steps=0, steps=40, read_prob=0.3))
+    from lrl.envs.tinyagent.base import BaseConfig, train_base
+    from lrl.policy import load_policy, save_policy
+    from lrl.warmstart import folder_lock
+
+    path = Path(os.environ[SESSION_TMP]) / "format-policy"
+    with folder_lock(path):
+        if not (path / "config.json").exists():
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            save_policy(train_base(tok, BaseConfig(rule_steps=0, steps=40, read_prob=0.3)), tok, tmp)
+            tmp.rename(path)
+    return load_policy(path, tok)[0]
 
 
 @pytest.fixture(scope="session")

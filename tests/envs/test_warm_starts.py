@@ -22,3 +22,37 @@ def test_a_warm_start_key_covers_its_options_and_names_its_folder():
     assert TINYAGENT.key(tok, BaseConfig(steps=151)) != TINYAGENT.key(tok)
     assert TINYAGENT.folder(tok).startswith("base-")
     assert len({TINYAGENT.name, REVIEW.name, CODEFIX.name}) == 3  # one cache folder prefix each
+
+
+def _cached(cache, built, name):
+    """In a process of its own: the policy cached as `name`, its build marking `built` and taking a second."""
+    import os
+    import time
+
+    from lrl.policy import make_policy
+    from lrl.warmstart import cached_policy
+
+    os.environ["LRL_CACHE"] = str(cache)
+    tok = build_tokenizer(make_tasks("all"))
+
+    def build():
+        with open(built, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)  # long enough that the other process asks while this one builds
+        return make_policy(tok, seed=0)
+
+    model = cached_policy(name, tok, build)
+    return [p.detach().sum().item() for p in model.parameters()]
+
+
+def test_runs_started_together_on_an_empty_cache_build_a_base_once_and_share_it(tmp_path):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    built = tmp_path / "built"
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        both = [pool.submit(_cached, tmp_path / "cache", built, "base-test") for _ in range(2)]
+        sums = [f.result() for f in both]
+    assert len(built.read_text().splitlines()) == 1  # one process built it, the other waited and loaded it
+    assert sums[0] == sums[1]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["base-test", "base-test.lock"]
