@@ -38,7 +38,7 @@ def _cached(cache, built, name):
     def build():
         with open(built, "a") as f:
             f.write(f"{os.getpid()}\n")
-        time.sleep(1.0)  # long enough that the other process asks while this one builds
+        time.sleep(0.5)  # long enough that the other process asks while this one builds
         return make_policy(tok, seed=0)
 
     model = cached_policy(name, tok, build)
@@ -49,10 +49,13 @@ def test_runs_started_together_on_an_empty_cache_build_a_base_once_and_share_it(
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from lrl.policy import make_policy
+
     built = tmp_path / "built"
+    fresh = make_policy(build_tokenizer(make_tasks("all")), seed=0)  # (and the processes fork with its imports done)
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
         both = [pool.submit(_cached, tmp_path / "cache", built, "base-test") for _ in range(2)]
         sums = [f.result() for f in both]
     assert len(built.read_text().splitlines()) == 1  # one process built it, the other waited and loaded it
-    assert sums[0] == sums[1]
+    assert sums[0] == sums[1] == [p.detach().sum().item() for p in fresh.parameters()]
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["base-test", "base-test.lock"]
