@@ -115,8 +115,8 @@ def model_dir(tmp_path_factory, tok, format_policy):
 @pytest.fixture(scope="session")
 def format_policy(tok):
     """A policy warm-started for a few seconds: valid actions, reads sometimes, guesses: mixed rewards. Trained
-    once a test run, into the session folder: the first worker to need it trains it while the other waits (at
-    full speed rather than both training at once on the same cores), and both load the saved copy."""
+    once a test run, into the session folder: the first worker to need it trains it while the other waits, rather
+    than both training it on the same cores, and both load the saved copy."""
     from pathlib import Path
 
     from lrl.envs.tinyagent.base import BaseConfig, train_base

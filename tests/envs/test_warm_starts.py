@@ -25,7 +25,7 @@ def test_a_warm_start_key_covers_its_options_and_names_its_folder():
 
 
 def _cached(cache, built, name):
-    """In a process of its own: the policy cached as `name`, its build marking `built` and taking a second."""
+    """In a process of its own: the policy cached as `name`, its build marking `built` and taking half a second."""
     import os
     import time
 
