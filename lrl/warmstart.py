@@ -111,11 +111,21 @@ def cached_policy(
         return load_policy(SHIPPED / name, tok)[0]
     if not cache:
         return build()
-    with folder_lock(path):  # runs started together on an empty cache: one builds, the others wait and load it
-        if (path / "config.json").exists():
-            return load_policy(path, tok)[0]
+
+    def announced() -> torch.nn.Module:
         if verbose:
             print(f"building the RL base (one time, cached in {path})", flush=True)
+        return build()
+
+    return saved_once(path, tok, announced)
+
+
+def saved_once(path: Path, tok, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """The policy saved at `path`, else `build()` saved there atomically, under a lock beside it: processes that ask
+    at once (runs started together on an empty cache) build it once, and the others wait and load it."""
+    with folder_lock(path):
+        if (path / "config.json").exists():
+            return load_policy(path, tok)[0]
         model = build()
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
         save_policy(model, tok, tmp)

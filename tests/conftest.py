@@ -115,21 +115,15 @@ def model_dir(tmp_path_factory, tok, format_policy):
 @pytest.fixture(scope="session")
 def format_policy(tok):
     """A policy warm-started for a few seconds: valid actions, reads sometimes, guesses: mixed rewards. Trained
-    once a test run, into the session folder: the first worker to need it trains it while the other waits, rather
-    than both training it on the same cores, and both load the saved copy."""
+    once a test run, into the session folder: the first worker to need it trains it while the other waits and
+    loads the saved copy, rather than both training it on the same cores."""
     from pathlib import Path
 
     from lrl.envs.tinyagent.base import BaseConfig, train_base
-    from lrl.policy import load_policy, save_policy
-    from lrl.warmstart import folder_lock
+    from lrl.warmstart import saved_once
 
-    path = Path(os.environ[SESSION_TMP]) / "format-policy"
-    with folder_lock(path):
-        if not (path / "config.json").exists():
-            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-            save_policy(train_base(tok, BaseConfig(rule_steps=0, steps=40, read_prob=0.3)), tok, tmp)
-            tmp.rename(path)
-    return load_policy(path, tok)[0]
+    build = lambda: train_base(tok, BaseConfig(rule_steps=0, steps=40, read_prob=0.3))  # noqa: E731
+    return saved_once(Path(os.environ[SESSION_TMP]) / "format-policy", tok, build)
 
 
 @pytest.fixture(scope="session")
