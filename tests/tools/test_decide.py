@@ -190,9 +190,13 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     out = tmp_path / "out"  # an lr this large makes the first gradient non-finite: refused by the update, mid-run
     code = main(["--rows", "on-policy=", "huge=--lr 1e30", "--seeds", "1", "--samples", "0", "--out", str(out),
                  "--", "--env", "tinyagent", "--max-steps", "3"])  # fmt: skip
-    err = capsys.readouterr().err
+    said = capsys.readouterr()
+    err = said.err
     assert code == 1
     assert "huge seed 0 failed: non-finite gradient" in err  # in one line
+    started = [line for line in said.out.splitlines() if line.startswith("started ")]
+    assert [line.rsplit(" at ", 1)[0] for line in started] == ["started on-policy seed 0", "started huge seed 0"]
+    assert "min left" in said.out  # after the first run of two: an estimate of the rest
     assert "1 of 2 runs failed" in err
     (line,) = (out / "results.jsonl").read_text().splitlines()  # the other run, finished and kept
     r = json.loads(line)

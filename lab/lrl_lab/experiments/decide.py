@@ -246,9 +246,10 @@ def run_device(flags: list[str], threads: int) -> str:
     return accelerator_device(parse_args(run_argv(flags, "", 0, threads)).run.accelerator)
 
 
-def each_in_its_own_process(cells: list, jobs: int, fn=one_run):
+def each_in_its_own_process(cells: list, jobs: int, fn=one_run, started=None):
     """Run `fn` (one_run) on every cell, `jobs` at a time, each in a fresh process (spawned; it dies with this one, so
-    a killed command leaves no run burning the cores) -> (cell, its finished future), in the order they finish.
+    a killed command leaves no run burning the cores) -> (cell, its finished future), in the order they finish;
+    `started(cell)` is called as each run is handed its process.
     A process serves one run only: a run's memory is gone before the next one plans its own (a reused process
     still held the last run's, and a lag-8 run after another was refused as too large), and no state of one run
     reaches the next."""
@@ -260,6 +261,8 @@ def each_in_its_own_process(cells: list, jobs: int, fn=one_run):
                 cell = pending.pop(0)
                 pool = ProcessPoolExecutor(1, mp_context=context, initializer=die_with_parent)
                 running[pool.submit(fn, cell)] = (cell, pool)
+                if started is not None:
+                    started(cell)
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 cell, pool = running.pop(future)
@@ -365,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")
     start = time.time()
     failed = 0
-    for i, (cell, future) in enumerate(each_in_its_own_process(cells, args.jobs), 1):
+    left = lambda i, n: f", about {(time.time() - start) / i * (n - i) / 60:.0f} min left" if i < n else ""  # noqa: E731
+    def started(cell) -> None:  # a run takes minutes to an hour: say which ones are under way, and since when
+        print(f"started {cell[0]} seed {cell[2]} at {time.strftime('%H:%M')}", flush=True)
+
+    for i, (cell, future) in enumerate(each_in_its_own_process(cells, args.jobs, started=started), 1):
         label, _, seed, *_ = cell
         try:
             r = future.result()
@@ -384,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         done.append(r)
         print(f"[{i}/{len(cells)}] {r['row']} seed {r['seed']}: greedy {r['greedy_first']:.3f} -> "
               f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
-              f"{r['wall'] / 60:.1f} min ({(time.time() - start) / 60:.0f} min in all)", flush=True)  # fmt: skip
+              f"{r['wall'] / 60:.1f} min ({(time.time() - start) / 60:.0f} min in all{left(i, len(cells))})",
+              flush=True)  # fmt: skip
     table = tables(done, rows, baseline, args)
     (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\n\n" + table)
     print(table)
