@@ -273,6 +273,17 @@ def each_in_its_own_process(cells: list, jobs: int, fn=one_run, started=None):
             pool.shutdown(wait=False, cancel_futures=True)
 
 
+def say_started(cell: tuple) -> None:
+    """A run takes minutes to an hour: say which one is under way, and since when."""
+    label, _, seed, *_ = cell
+    print(f"started {label} seed {seed} at {time.strftime('%H:%M')}", flush=True)
+
+
+def time_left(elapsed: float, done: int, total: int) -> str:
+    """", about N min left" at the pace of the `done` runs so far ("" once none is left)."""
+    return f", about {elapsed / done * (total - done) / 60:.0f} min left" if done < total else ""
+
+
 def read_done(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -368,11 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")
     start = time.time()
     failed = 0
-    left = lambda i, n: f", about {(time.time() - start) / i * (n - i) / 60:.0f} min left" if i < n else ""  # noqa: E731
-    def started(cell) -> None:  # a run takes minutes to an hour: say which ones are under way, and since when
-        print(f"started {cell[0]} seed {cell[2]} at {time.strftime('%H:%M')}", flush=True)
-
-    for i, (cell, future) in enumerate(each_in_its_own_process(cells, args.jobs, started=started), 1):
+    for i, (cell, future) in enumerate(each_in_its_own_process(cells, args.jobs, started=say_started), 1):
         label, _, seed, *_ = cell
         try:
             r = future.result()
@@ -389,9 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         with done_path.open("a") as f:
             f.write(json.dumps(r) + "\n")
         done.append(r)
+        elapsed = time.time() - start
         print(f"[{i}/{len(cells)}] {r['row']} seed {r['seed']}: greedy {r['greedy_first']:.3f} -> "
               f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
-              f"{r['wall'] / 60:.1f} min ({(time.time() - start) / 60:.0f} min in all{left(i, len(cells))})",
+              f"{r['wall'] / 60:.1f} min ({elapsed / 60:.0f} min in all{time_left(elapsed, i, len(cells))})",
               flush=True)  # fmt: skip
     table = tables(done, rows, baseline, args)
     (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\n\n" + table)
