@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shlex
 
 import pytest
 import torch
@@ -189,7 +190,7 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
 
     out = tmp_path / "out"  # an lr this large makes the first gradient non-finite: refused by the update, mid-run
     code = main(["--rows", "on-policy=", "huge=--lr 1e30", "--seeds", "1", "--samples", "0", "--out", str(out),
-                 "--", "--env", "tinyagent", "--max-steps", "3"])  # fmt: skip
+                 "--metric", "greedy", "--", "--env", "tinyagent", "--max-steps", "3"])  # fmt: skip
     said = capsys.readouterr()
     err = said.err
     assert code == 1
@@ -214,6 +215,11 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     assert (r["machine"], r["precision"]) == (machine_name("cpu"), "fp32")  # a 153k-parameter policy: fp32 anywhere
     assert r["torch"] == torch.__version__ and r["commit"]
     assert f"- 1 run(s) on {r['machine']}, fp32, torch {r['torch']}, at {r['commit']}" in table
+    header, again, _, body = table.split("\n", 3)  # the command its header names prints the same tables
+    assert header == "train.py flags of every run: --env tinyagent --max-steps 3"
+    assert again.startswith("Tabled again by: python -m lrl_lab.experiments.decide --from-results ")
+    assert main(shlex.split(again.removeprefix("Tabled again by: "))[3:]) == 0
+    assert capsys.readouterr().out == body + "\n"
 
 
 def test_runs_of_another_machine_are_not_resumed_into_and_the_tables_say_where_runs_come_from(tmp_path, capsys):

@@ -26,9 +26,10 @@ run. Before any run, every row is checked as its runs would be (flags, model, en
 ``--jobs`` of the costliest side by side against the machine's memory (a lagged sampler keeps lag + 1 copies of the
 weights: about 12 GiB a run for SmolLM2 at lag 8); a problem is named and nothing runs. A run that fails later (a
 step that diverges) is named in one line and the others go on, and so is a run the kernel kills, with advice to
-lower ``--jobs``. Each run has a process of its own, which ends with it. The tables (``table.md``): each row's
-mean with its 95% interval (Student's t over seeds); each row's paired difference from the baseline row
-(``--baseline``, default the first) over the seeds both have, with its interval and the seeds a difference of
+lower ``--jobs``. Each run has a process of its own, which ends with it. The tables (``table.md``, headed by the
+``--from-results`` command that prints them again with the same options): each row's mean with its 95% interval
+(Student's t over seeds); each row's paired difference from the baseline row (``--baseline``, default the first)
+over the seeds both have, with its interval and the seeds a difference of
 ``--effect`` would need to be seen (80% power, at the spread measured); and each claim of the chapter whose rows
 were run: "holds", "does not hold", or "not decided at this power". Where runs part into those that learn and
 those that do not (a real model's often do), the mean hides it: each row also counts its runs that gained
@@ -44,6 +45,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shlex
 import sys
 import time
 from collections import Counter
@@ -298,6 +300,19 @@ def tables(results: list[dict], rows: dict, baseline: str, args) -> str:
     return "\n".join(provenance_lines(results) + [table]) + ("\n".join(extra) + "\n" if extra else "")
 
 
+def tabling_command(results: Path, args) -> str:
+    """The command that prints these tables again from the results file, with the table options of this command:
+    its rows (their order and the default baseline), baseline, metric, effect, learned line and stretches."""
+    argv = ["python", "-m", "lrl_lab.experiments.decide", "--from-results", str(results)]
+    argv += ["--rows", *(args.rows_given or ["core"])]
+    if args.baseline:
+        argv += ["--baseline", args.baseline]
+    argv += ["--metric", args.metric, "--effect", f"{args.effect:g}", "--learned", f"{args.learned:g}"]
+    for label in args.stretches:
+        argv += ["--stretches", label]
+    return shlex.join(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(
         prog="python -m lrl_lab.experiments.decide",
@@ -402,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['wall'] / 60:.1f} min ({elapsed / 60:.0f} min in all{time_left(elapsed, i, len(cells))})",
               flush=True)  # fmt: skip
     table = tables(done, rows, baseline, args)
-    (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\n\n" + table)
+    again = tabling_command(done_path, args)
+    (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\nTabled again by: {again}\n\n"
+                                  + table)  # fmt: skip
     print(table)
     if failed:
         print(f"decide: {failed} of {len(cells)} runs failed (above); the table holds the others", file=sys.stderr)
