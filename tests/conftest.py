@@ -1,3 +1,4 @@
+import copy
 import logging
 import os
 import shutil
@@ -103,20 +104,27 @@ def quick_cfg(**kw):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tok, format_policy):
+def model_dir(tmp_path_factory, tok, shared_format_policy):
     """The format policy saved as a checkpoint folder, for runs started with --model (one per test module)."""
     from lrl.policy import save_policy
 
     path = tmp_path_factory.mktemp("model") / "policy"
-    save_policy(format_policy, tok, path)
+    save_policy(shared_format_policy, tok, path)
     return path
 
 
+@pytest.fixture
+def format_policy(shared_format_policy):
+    """A copy of the format policy of its own for each test: a test that trains the policy it is given changes
+    nothing another test on the same worker starts from (which would make a test's outcome depend on the order)."""
+    return copy.deepcopy(shared_format_policy)
+
+
 @pytest.fixture(scope="session")
-def format_policy(tok):
+def shared_format_policy(tok):
     """A policy warm-started for a few seconds: valid actions, reads sometimes, guesses: mixed rewards. Trained
     once a test run, into the session folder: the first worker to need it trains it while the other waits and
-    loads the saved copy, rather than both training it on the same cores."""
+    loads the saved copy, rather than both training it on the same cores. Tests take `format_policy`, a copy."""
     from pathlib import Path
 
     from lrl.envs.tinyagent.base import BaseConfig, train_base
