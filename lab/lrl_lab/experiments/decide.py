@@ -29,13 +29,12 @@ step that diverges) is named in one line and the others go on, and so is a run t
 lower ``--jobs``. Each run has a process of its own, which ends with it. The tables (``table.md``, headed by the
 ``--from-results`` command that prints them again with the same options): each row's mean with its 95% interval
 (Student's t over seeds); each row's paired difference from the baseline row (``--baseline``, default the first)
-over the seeds both have, with its interval and the seeds a difference of
-``--effect`` would need to be seen (80% power, at the spread measured); and each claim of the chapter whose rows
-were run: "holds", "does not hold", or "not decided at this power". Where runs part into those that learn and
-those that do not (a real model's often do), the mean hides it: each row also counts its runs that gained
-``--learned`` held-out greedy (Wilson's 95% interval), and each paired difference the seeds where only one of the
-two rows learned (McNemar's exact p). ``--stretches ROW`` adds
-that row's runs between each two held-out evaluations: the change of the pass rate beside the mean mismatch and
+over the seeds both have, with its interval and the seeds a difference of ``--effect`` would need to be seen (80%
+power, at the spread measured); and each claim of the chapter whose rows were run: "holds", "does not hold", or "not
+decided at this power". Where runs part into those that learn and those that do not (a real model's often do), the
+mean hides it: each row also counts its runs that gained ``--learned`` held-out greedy (Wilson's 95% interval), and
+each paired difference the seeds where only one of the two rows learned (McNemar's exact p). ``--stretches ROW``
+adds that row's runs between each two held-out evaluations: the change of the pass rate beside the mean mismatch and
 gradient norm of the same steps (from the step records), which shows whether a run's decline came with its mismatch.
 """
 
