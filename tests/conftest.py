@@ -122,16 +122,15 @@ def format_policy(shared_format_policy):
 
 @pytest.fixture(scope="session")
 def shared_format_policy(tok):
-    """A policy warm-started for a few seconds: valid actions, reads sometimes, guesses: mixed rewards. Trained
-    once a test run, into the session folder: the first worker to need it trains it while the other waits and
-    loads the saved copy, rather than both training it on the same cores. Tests take `format_policy`, a copy."""
+    """A policy warm-started for a few seconds: valid actions, reads sometimes, guesses: mixed rewards. Loaded from
+    the copy in tests/data where its key is current, else trained once a test run into the session folder (the first
+    worker to need it trains it while the others wait and load it): format_policy.py. Tests take `format_policy`,
+    a copy."""
     from pathlib import Path
 
-    from lrl.envs.tinyagent.base import BaseConfig, train_base
-    from lrl.warmstart import saved_once
+    from format_policy import load_or_train
 
-    build = lambda: train_base(tok, BaseConfig(rule_steps=0, steps=40, read_prob=0.3))  # noqa: E731
-    return saved_once(Path(os.environ[SESSION_TMP]) / "format-policy", tok, build)
+    return load_or_train(tok, Path(os.environ[SESSION_TMP]))
 
 
 @pytest.fixture(scope="session")

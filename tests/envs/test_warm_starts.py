@@ -1,6 +1,7 @@
 """The built-in environments' RL bases are one kind of thing (lrl.warmstart.WarmStart), and the copies shipped in
 the package are the ones their current code builds (a change to what draws the demonstrations or trains on them
-changes the key, and leaves a first run to train the base for minutes until the copy is rebuilt)."""
+changes the key, and leaves a first run to train the base for minutes until the copy is rebuilt); so is the copy
+of the tests' own format policy (tests/format_policy.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ from lrl_lab.tools.ship_bases import main as ship_bases
 def test_every_shipped_base_is_the_one_its_warm_start_builds(capsys):
     assert ship_bases(["--check"]) == 0, capsys.readouterr().out
 
+
+
+def test_the_saved_format_policy_is_current(tok):
+    """The copy of the tests' format policy in tests/data is the one today's warm-start code trains (else the tests
+    train it every run, correct but half a minute slower)."""
+    from format_policy import DATA, PREFIX, saved_folder
+
+    folder = saved_folder(tok)
+    kept = sorted(p.name for p in DATA.glob(f"{PREFIX}*"))
+    assert (folder / "model.safetensors").exists(), f"{kept} is not {folder.name}: python tests/format_policy.py"
+    assert kept == [folder.name], kept  # one copy: an older key's was removed
 
 def test_a_warm_start_key_covers_its_options_and_names_its_folder():
     tok = build_tokenizer(make_tasks("all"))
