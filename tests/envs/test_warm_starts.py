@@ -17,16 +17,16 @@ def test_every_shipped_base_is_the_one_its_warm_start_builds(capsys):
     assert ship_bases(["--check"]) == 0, capsys.readouterr().out
 
 
-
 def test_the_saved_format_policy_is_current(tok):
-    """The copy of the tests' format policy in tests/data is the one today's warm-start code trains (else the tests
-    train it every run, correct but half a minute slower)."""
+    """The copy of the tests' format policy in tests/data is the one today's warm-start code trains (on the machine
+    that wrote it); else the tests train it every run, correct but half a minute slower."""
     from format_policy import DATA, PREFIX, saved_folder
 
     folder = saved_folder(tok)
     kept = sorted(p.name for p in DATA.glob(f"{PREFIX}*"))
     assert (folder / "model.safetensors").exists(), f"{kept} is not {folder.name}: python tests/format_policy.py"
     assert kept == [folder.name], kept  # one copy: an older key's was removed
+
 
 def test_a_warm_start_key_covers_its_options_and_names_its_folder():
     tok = build_tokenizer(make_tasks("all"))
