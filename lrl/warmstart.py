@@ -99,16 +99,22 @@ SHIPPED = Path(__file__).parent / "shipped"  # warm starts that ship with the pa
 
 
 def cached_policy(
-    name: str, tok, build: Callable[[], torch.nn.Module], cache: bool = True, verbose: bool = False
+    name: str,
+    tok,
+    build: Callable[[], torch.nn.Module],
+    cache: bool = True,
+    verbose: bool = False,
+    cache_root: Path | None = None,
+    shipped: Path = SHIPPED,
 ) -> torch.nn.Module:
-    """The policy cached as `name` in cache_dir(), else the copy shipped with the package under the same name,
-    else `build()` once and save it in the cache atomically. `name` holds the key of everything that determines
-    the policy, so a shipped copy is used only for exactly the warm start that made it."""
-    path = cache_dir() / name
+    """The policy cached as `name` in `cache_root` (cache_dir()), else the copy shipped under the same name in
+    `shipped` (the package's), else `build()` once and save it in the cache atomically. `name` holds the key of
+    everything that determines the policy, so a shipped copy is used only for exactly the warm start that made it."""
+    path = (cache_root if cache_root is not None else cache_dir()) / name
     if cache and (path / "config.json").exists():
         return load_policy(path, tok)[0]
-    if cache and (SHIPPED / name / "config.json").exists():
-        return load_policy(SHIPPED / name, tok)[0]
+    if cache and (shipped / name / "config.json").exists():
+        return load_policy(shipped / name, tok)[0]
     if not cache:
         return build()
 

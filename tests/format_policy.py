@@ -41,14 +41,10 @@ def train(tok):
 
 def load_or_train(tok, session: Path):
     """The saved copy where its key is current, else the policy trained once into `session` (workers that ask at
-    once wait for the first)."""
-    from lrl.policy import load_policy
-    from lrl.warmstart import saved_once
+    once wait for the first): the package's own cache of warm starts, reading tests/data as its shipped folder."""
+    from lrl.warmstart import cached_policy
 
-    saved = saved_folder(tok)
-    if (saved / "config.json").exists():
-        return load_policy(saved, tok)[0]
-    return saved_once(session / "format-policy", tok, lambda: train(tok))
+    return cached_policy(saved_folder(tok).name, tok, lambda: train(tok), cache_root=session, shipped=DATA)
 
 
 def write(tok) -> Path:
