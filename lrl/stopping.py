@@ -28,14 +28,42 @@ class StoppedBeforeTraining(BaseException):
 
 
 _RECEIVED: list[int] = []  # the stop signals that arrived while the run was starting
+_PROGRAM = ["train.py"]  # the name the stop line goes under (install_startup_handlers sets it)
+_IMPORT_MACHINERY = ("importlib._bootstrap", "importlib._bootstrap_external")
+
+
+def stopped_at_start_line(program: str, signum: int) -> str:
+    """The one line a run stopped before its first step ends with."""
+    return f"{program}: stopped by {signal_name(signum)} before the first step; nothing was trained yet"
+
+
+def in_an_import(frame) -> bool:
+    """Whether the interrupted code runs under an import: an import machinery frame on its stack."""
+    while frame is not None:
+        if frame.f_globals.get("__name__") in _IMPORT_MACHINERY:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def stop_at_once(signum, frame) -> None:
-    """The handler while a run starts: stop where it is, and remember it. The exception may not reach train.py as
-    itself: an import it interrupts may turn it into an error of its own (numpy's lazy attributes make it an
-    AttributeError), and code where Python ignores exceptions (an import-lock or weakref callback) swallows it;
-    train.py and lrl.checkpoint.GracefulStop look at what was received."""
+    """The handler while a run starts: stop where it is, and remember it.
+
+    Under an import the process ends here, with its one line and 128 + the signal, as an unhandled SIGTERM would end
+    it: an exception raised there can land in library code that cannot pass it on (a C++ extension calling back into
+    Python while torch imports aborts the process: SIGABRT and a stack dump; numpy's lazy attributes turn it into an
+    AttributeError), and a run still importing has written nothing and started nothing a kill would leave behind.
+    Elsewhere it raises StoppedBeforeTraining, so that the run's own clean-up runs. That exception may still be
+    swallowed where Python ignores exceptions (a weakref callback): train.py and lrl.checkpoint.GracefulStop look at
+    what was received."""
     _RECEIVED.append(signum)
+    if in_an_import(frame):
+        try:
+            sys.stdout.flush()
+        except (RuntimeError, OSError, ValueError):
+            pass
+        say(stopped_at_start_line(_PROGRAM[0], signum))
+        os._exit(128 + signum)
     raise StoppedBeforeTraining(signum)
 
 
@@ -44,9 +72,10 @@ def received_at_start() -> int | None:
     return _RECEIVED[0] if _RECEIVED else None
 
 
-def install_startup_handlers() -> None:
-    """Every stop signal ends a starting run with StoppedBeforeTraining (main thread only)."""
+def install_startup_handlers(program: str = "train.py") -> None:
+    """Every stop signal ends a starting run at once (main thread only); `program` names its one line."""
     _RECEIVED.clear()
+    _PROGRAM[0] = program
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop_at_once)
 

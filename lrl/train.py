@@ -51,13 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         StoppedBeforeTraining,
         install_startup_handlers,
         received_at_start,
-        signal_name,
+        stopped_at_start_line,
     )
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS} if main_thread else {}
     if main_thread:
-        install_startup_handlers()
+        install_startup_handlers(train_program())
     from lrl.reaper import process_tempdir
 
     process_tempdir()  # whatever the run writes to TMPDIR goes with its process, even after a SIGKILL
@@ -68,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         signum = stop.signum if isinstance(stop, StoppedBeforeTraining) else received_at_start()
         if signum is None:
             raise
-        print(
-            f"{train_program()}: stopped by {signal_name(signum)} before the first step; nothing was trained yet",
-            file=sys.stderr,
-        )
+        print(stopped_at_start_line(train_program(), signum), file=sys.stderr)
         return 128 + signum
     finally:
         for signum, handler in previous.items():

@@ -244,6 +244,52 @@ def test_a_signal_during_start_up_is_one_line_and_its_status(tmp_path, model_dir
     assert err.strip() == f"train.py: stopped by {name} before the first step; nothing was trained yet", err
 
 
+IMPORTED_WHILE_SIGNALLED = """
+import os, signal, time
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(5)
+"""
+
+STARTING_PROGRAM = """
+import sys
+from lrl.stopping import install_startup_handlers
+install_startup_handlers("lrl-train")
+sys.path.insert(0, sys.argv[1])
+try:
+    import signalled_module
+finally:
+    print("the import's caller went on", flush=True)
+"""
+
+
+def test_a_start_up_signal_under_an_import_ends_the_process_there_with_its_one_line(tmp_path):
+    """A signal while torch imported once aborted the run (SIGABRT, status -6, a stack dump): the exception its
+    handler raised came back through torch's C++, which cannot pass it on. Under an import the handler now ends the
+    process itself, with the run's one line and 128 + the signal, and raises nothing into the importing code."""
+    (tmp_path / "signalled_module.py").write_text(IMPORTED_WHILE_SIGNALLED)
+    out = subprocess.run(
+        [sys.executable, "-c", STARTING_PROGRAM, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 128 + signal.SIGTERM, (out.returncode, out.stderr[-2000:])
+    assert out.stderr.strip() == "lrl-train: stopped by SIGTERM before the first step; nothing was trained yet"
+    assert out.stdout == ""
+
+
+def test_only_a_frame_under_an_import_counts_as_importing(tmp_path, monkeypatch):
+    from lrl.stopping import in_an_import
+
+    seen = []
+    (tmp_path / "frame_seen_on_import.py").write_text("import sys\nsys.modules['seen'].append(sys._getframe())\n")
+    monkeypatch.setitem(sys.modules, "seen", seen)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "frame_seen_on_import", raising=False)
+    import frame_seen_on_import  # noqa: F401
+
+    assert in_an_import(seen[0])
+    assert not in_an_import(sys._getframe())
+    assert not in_an_import(None)
+
+
 def test_a_start_up_signal_that_an_import_turned_into_another_error_is_still_the_stop(monkeypatch, capsys):
     """A signal during ``import numpy`` once surfaced as numpy's AttributeError (its lazy attributes catch what
     the handler raised): the run must still end as stopped, with its one line and 128 + the signal."""
