@@ -29,6 +29,12 @@ if not os.environ.get(SESSION_TMP):
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.environ[SESSION_TMP], "torchinductor")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests marked early first: xdist hands tests out in this order (after the grouped ones), and a long test
+    handed out last runs alone at the end, one core busy while the other workers have finished."""
+    items.sort(key=lambda item: item.get_closest_marker("early") is None)
+
+
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):  # the controller, once every worker is done
         import multiprocessing.util

@@ -191,6 +191,7 @@ def last_value(acc: EventAccumulator, tag: str) -> float:
     return acc.Scalars(tag)[-1].value
 
 
+@pytest.mark.early
 def test_every_tag_is_logged(lagged):
     run, acc = lagged
     tags = acc.Tags()
@@ -280,6 +281,7 @@ def test_logged_staleness_and_timing_match_hand_computation(lagged):
     assert last_value(acc, "time/step_mean") == pytest.approx(steps.mean(), rel=1e-5)
 
 
+@pytest.mark.early
 def test_staleness_histogram_has_all_mass_at_the_lag_after_warmup(lagged):
     _, acc = lagged
     for tag in ("staleness/token", "staleness/episode"):

@@ -100,6 +100,7 @@ def test_a_wrapped_built_in_sampler_trains_like_the_built_in(in_examples, tmp_pa
     assert all(h["staleness/token_mean"] == 0.0 for h in run.module.history)  # still on-policy
 
 
+@pytest.mark.early
 def test_train_py_runs_the_plugin_yaml(tmp_path):
     out = subprocess.run(
         [

@@ -107,6 +107,7 @@ def test_every_new_choice_trains_and_logs_what_it_dropped(format_policy, name, m
         assert scored  # the counter sees the pi_old forwards where there are some
 
 
+@pytest.mark.early
 def test_an_async_run_with_partial_rollouts_logs_the_episodes_that_span_a_weight_update(format_policy):
     cfg = quick_cfg(
         pipeline="async",

@@ -22,6 +22,7 @@ def split_run(model, **kw):
     return run.module.history
 
 
+@pytest.mark.early
 def test_on_policy_in_fp32_has_no_staleness_and_no_quantization_part(smollm2_cut, coin):
     history = split_run(smollm2_cut, max_steps=2)
     for h in history:
@@ -31,6 +32,7 @@ def test_on_policy_in_fp32_has_no_staleness_and_no_quantization_part(smollm2_cut
         assert parts == pytest.approx(h["mismatch/part/total"], abs=1e-6)
 
 
+@pytest.mark.early
 def test_a_lagged_fp8_run_splits_into_staleness_and_quantization(smollm2_cut, coin):
     # step 1 samples one update behind; four episodes a step already give every part its size and sign
     history = split_run(smollm2_cut, sampler="fp8", lag=1, max_steps=2, lr=1e-3, episodes_per_task=2)

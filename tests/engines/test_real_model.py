@@ -147,6 +147,7 @@ def test_head_chunks_give_the_full_logits_log_probs_entropies_and_gradients(smol
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.early
 def test_microbatches_accumulate_the_same_update_as_one_forward(smollm2_cut, coin):
     """Frozen runs (learning rate 0) of the same seed: the microbatched step's loss, statistics and gradient
     norm are those of the step done in one forward."""
@@ -175,6 +176,7 @@ def test_microbatches_accumulate_the_same_update_as_one_forward(smollm2_cut, coi
     ],
     ids=lambda s: s["sampler"],
 )
+@pytest.mark.early
 def test_each_sampler_trains_two_steps_on_the_real_model(smollm2_cut, coin, sampler):
     steps = 2 if sampler.get("lag") else 1  # the second step of a lagged run samples with the first weights
     run = build_run(real_cfg(smollm2_cut, max_steps=steps, **sampler), logger=False, callbacks=[])
@@ -191,6 +193,7 @@ def test_each_sampler_trains_two_steps_on_the_real_model(smollm2_cut, coin, samp
         assert min(mismatch) > 1e-3
 
 
+@pytest.mark.early
 def test_the_mismatch_tool_runs_on_the_real_model(smollm2_cut, capsys):
     from lrl_lab.tools.mismatch import main
 

@@ -129,6 +129,7 @@ def test_the_split_of_an_asynchronous_run_reads_the_declared_traits(tok):
         assert parts == pytest.approx(h["mismatch/part/total"], abs=1e-5)
 
 
+@pytest.mark.early
 def test_the_split_and_the_memory_plan_of_a_plugin_sampler(smollm2_cut, plugins):
     """A sampler of the Protocol alone, rounding the trainer's weights to bfloat16: the memory plan adds the
     copy and the buffer it declares, and the split puts its mismatch in the quantization part (its declared

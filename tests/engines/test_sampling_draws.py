@@ -53,6 +53,7 @@ def test_at_a_real_vocabulary_the_cpu_draws_by_the_inverse_cdf_of_one_uniform_a_
     assert torch.equal(token, again)
 
 
+@pytest.mark.early
 def test_the_inverse_cdf_draw_over_a_real_vocabulary_follows_the_distribution():
     """49,152 words: a few likely tokens and a long tail; the share drawn of each likely token and of the tail as
     a whole is within binomial error of its probability (the mass far down the vocabulary is not lost)."""

@@ -218,6 +218,7 @@ S = pytest.mark.slow  # 12-14 s each: one in the default run
         pytest.param(1, 32, "drain", marks=S),
     ],
 )
+@pytest.mark.early
 def test_no_trained_token_is_staler_than_the_bound_with_slots(format_policy, eta, slots, partial):
     tokens = Tokens()
     cfg = quick_cfg(

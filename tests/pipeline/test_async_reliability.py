@@ -228,6 +228,7 @@ def test_a_stopped_worker_ends_the_run_within_the_heartbeat_timeout(tmp_path, mo
     wait_until(lambda: not processes_of(mark), 10, "every process of the run to end")
 
 
+@pytest.mark.early
 def test_a_worker_and_a_trainer_busy_longer_than_the_heartbeat_timeout_is_no_hang(tmp_path, model_dir):
     """With --worker-timeout 1.5, in one run: a decode step of 4 s (a real model's prefill on one thread), during
     which the worker's keep-alive thread beats; and a training step 4 s long, after which the trainer reads what its

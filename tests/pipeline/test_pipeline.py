@@ -47,6 +47,7 @@ def async_cfg(**kw):
         pytest.param(2, 1, "drain", marks=pytest.mark.slow),
     ],  # 17-33 s each
 )
+@pytest.mark.early
 def test_no_trained_token_is_staler_than_the_bound(format_policy, eta, workers, partial):
     tokens = Tokens()
     cfg = async_cfg(max_staleness=eta, rollout_workers=workers, partial_rollouts=partial)

@@ -232,6 +232,7 @@ def test_work_that_does_not_fit_in_memory_is_refused_before_anything_is_built(tm
 @pytest.mark.parametrize(
     "signum, code", [pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow), (signal.SIGINT, 130)]
 )
+@pytest.mark.early
 def test_a_signal_stops_the_run_with_a_checkpoint_and_the_command_to_continue(
     tmp_path, model_dir, signum, code
 ):

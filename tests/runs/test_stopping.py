@@ -57,6 +57,7 @@ def lines(err: Path) -> list[str]:
     return [line for line in err.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.early
 @pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_signal_in_a_long_step_is_answered_at_once_and_the_step_ends_with_a_checkpoint(
     started, tmp_path, model_dir, signum
@@ -72,6 +73,7 @@ def test_a_signal_in_a_long_step_is_answered_at_once_and_the_step_ends_with_a_ch
     assert "weights_only" not in err.read_text()
 
 
+@pytest.mark.early
 def test_a_second_signal_stops_the_step_now_and_says_what_was_kept(started, tmp_path, model_dir):
     proc, err, _ = start(started, tmp_path, model_dir, seconds=600)
     proc.send_signal(signal.SIGINT)

@@ -34,6 +34,7 @@ def write_turns(path: Path, episodes, **settings) -> Path:
     return path
 
 
+@pytest.mark.early
 def test_a_plugin_policy_is_simulated_by_the_command(tmp_path, monkeypatch):
     # tests/plugins/cut_and_abort.py registers "cut-and-abort" as a user registers a policy: when a worker sees a
     # newer version it cuts the groups at their last version, then aborts what is past the bound. No built-in

@@ -158,6 +158,7 @@ def test_rows_that_would_be_refused_are_named_before_anything_runs(tmp_path, cap
     assert not out.exists()
 
 
+@pytest.mark.early
 def test_jobs_whose_runs_together_exceed_the_memory_are_refused(monkeypatch, smollm2_cut):
     from lrl.arguments import parse_args
     from lrl.budget import SHARE
@@ -185,6 +186,7 @@ def test_jobs_whose_runs_together_exceed_the_memory_are_refused(monkeypatch, smo
     assert decide.check_rows({"on-policy": ""}, flags, 0, 2, 1, {"on-policy": 2}) == []
 
 
+@pytest.mark.early
 def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_path, capsys):
     from lrl_lab.experiments.decide import main
 
