@@ -6,6 +6,7 @@ Each test here was written against a defect seen on a clean clone, and seen fail
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -278,14 +279,12 @@ def test_a_start_up_signal_under_an_import_ends_the_process_there_with_its_one_l
 def test_only_a_frame_under_an_import_counts_as_importing(tmp_path, monkeypatch):
     from lrl.stopping import in_an_import
 
-    seen = []
-    (tmp_path / "frame_seen_on_import.py").write_text("import sys\nsys.modules['seen'].append(sys._getframe())\n")
-    monkeypatch.setitem(sys.modules, "seen", seen)
+    (tmp_path / "frame_seen_on_import.py").write_text("import sys\nFRAME = sys._getframe()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "frame_seen_on_import", raising=False)
-    import frame_seen_on_import  # noqa: F401
+    module = importlib.import_module("frame_seen_on_import")
+    monkeypatch.delitem(sys.modules, "frame_seen_on_import")  # gone again after the test
 
-    assert in_an_import(seen[0])
+    assert in_an_import(module.FRAME)
     assert not in_an_import(sys._getframe())
     assert not in_an_import(None)
 
