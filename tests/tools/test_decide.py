@@ -214,6 +214,7 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     assert all(set(e["solved"]) <= set(held) for e in r["evals"])
     table = (out / "table.md").read_text()
     assert "on-policy" in table and f"| all ({len(held)}) |" in table
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the figure beside the table
     assert (r["machine"], r["precision"]) == (machine_name("cpu"), "fp32")  # a 153k-parameter policy: fp32 anywhere
     assert r["torch"] == torch.__version__ and r["commit"]
     assert f"- 1 run(s) on {r['machine']}, fp32, torch {r['torch']}, at {r['commit']}" in table
@@ -278,3 +279,61 @@ def test_stretches_between_evaluations_pair_the_held_out_change_with_the_mismatc
     with pytest.raises(SystemExit):
         main(["--from-results", str(path), "--stretches", "lag 4"])
     assert "--stretches: 'lag 4' not among the rows (lag 8)" in capsys.readouterr().err
+
+
+def three_rows() -> list[dict]:
+    """Rows over four seeds: "b" below "a" on every seed (by 0.2 to 0.3), "c" on both sides of it."""
+    values = {"a": [0.5, 0.6, 0.4, 0.7], "b": [0.2, 0.35, 0.15, 0.45], "c": [0.6, 0.5, 0.5, 0.6]}
+    return [
+        {"row": row, "seed": seed, "greedy": v, "sampled": v, "reward": v, "greedy_first": 0.1}
+        for row, vs in values.items()
+        for seed, v in enumerate(vs)
+    ]
+
+
+def test_the_figure_draws_each_rows_interval_and_its_paired_difference_coloured_by_its_side_of_zero():
+    from lrl_lab.experiments.decide_plot import draw, forest
+
+    entries = forest(three_rows(), ["a", "b", "c"], "a", "greedy")
+    fig = draw(entries, "a", "greedy", 0.1, "title")
+    left, right = fig.axes
+    assert [t.get_text() for t in left.get_yticklabels()] == ["a", "b", "c"]  # the first row at the top
+
+    def bars(ax):
+        """Each error bar's (low, high) along x and its colour, top row first."""
+        out = []
+        for c in ax.containers:
+            (low, y), (high, _) = c.lines[2][0].get_segments()[0]
+            out.append((y, low, high, c.lines[0].get_color()))
+        return [b[1:] for b in sorted(out, reverse=True)]
+
+    def expected(xs):  # mean +- t(3) sd / 2, over four seeds
+        mean = sum(xs) / 4
+        sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / 3)
+        return mean - 3.182 * sd / 2, mean + 3.182 * sd / 2
+
+    for (low, high, _), row in zip(bars(left), ("a", "b", "c")):
+        xs = [r["greedy"] for r in three_rows() if r["row"] == row]
+        assert (low, high) == pytest.approx(expected(xs), abs=1e-9)
+    (b_low, b_high, b_colour), (c_low, c_high, c_colour) = bars(right)  # the baseline has no difference
+    assert (b_low, b_high) == pytest.approx(expected([-0.3, -0.25, -0.25, -0.25]), abs=1e-9)
+    assert b_high < 0 and b_colour == "tab:red"  # wholly below 0: decided
+    assert c_low < 0 < c_high and c_colour == "black"  # +0.1, -0.1, +0.1, -0.1: not decided
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_decide_writes_its_figure_from_a_results_file_and_refuses_a_format_it_cannot_write(tmp_path, capsys):
+    from lrl_lab.experiments.decide import main
+
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps({**r, "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0}) + "\n"
+                            for r in three_rows()))  # fmt: skip
+    assert main(["--from-results", str(path), "--metric", "greedy", "--plot", str(tmp_path / "rows.png")]) == 0
+    assert f"figure: {tmp_path / 'rows.png'}" in capsys.readouterr().out
+    assert (tmp_path / "rows.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit) as stop:
+        main(["--from-results", str(path), "--plot", str(tmp_path / "rows.jpeg")])
+    assert stop.value.code == 2 and "--plot: " in capsys.readouterr().err
+    assert not (tmp_path / "rows.jpeg").exists()

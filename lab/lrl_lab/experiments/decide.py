@@ -36,6 +36,9 @@ mean hides it: each row also counts its runs that gained ``--learned`` held-out 
 each paired difference the seeds where only one of the two rows learned (McNemar's exact p). ``--stretches ROW``
 adds that row's runs between each two held-out evaluations: the change of the pass rate beside the mean mismatch and
 gradient norm of the same steps (from the step records), which shows whether a run's decline came with its mismatch.
+The figure (``plot.png`` beside ``table.md``; ``--plot PATH`` with ``--from-results``) shows the same: each row's runs
+with their mean and interval, and each paired difference with its interval, in colour where it lies wholly on one
+side of 0.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from pathlib import Path
 
 from lrl.cli import OneLineParser
 from lrl.pipeline.backends.spawn import die_with_parent
+from lrl_lab.experiments.decide_plot import FORMATS, plot
 from lrl_lab.experiments.decide_tables import METRICS, by_row, markdown, provenance_lines, stretches_table
 
 PRESETS = {
@@ -344,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="also this row's runs between two evaluations: held-out change, mismatch, gradient norm (repeatable)",
     )
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="also draw the rows and their paired differences, with their intervals, to PATH (.png, .svg or .pdf; "
+        "a run of rows always draws plot.png beside table.md)",
+    )
     p.add_argument("flags", nargs="*", help="train.py flags of every run, after -- (default: --env calc)")
     args = p.parse_args(argv)
     try:
@@ -361,8 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if unknown := [r for r in args.stretches if r not in rows]:
         p.error(f"--stretches: {', '.join(map(repr, unknown))} not among the rows ({', '.join(rows)})")
+    if args.plot and Path(args.plot).suffix.lower() not in FORMATS:
+        p.error(f"--plot: {args.plot!r} must end in {', '.join(FORMATS)}")
     if args.from_results:
         print(tables(results, rows, baseline, args))
+        if args.plot and results:
+            print(f"figure: {plot(results, list(rows), baseline, args.metric, args.effect, Path(args.plot), args.from_results)}")
         return 0
     flags = args.flags or ["--env", "calc"]
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
@@ -420,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\nTabled again by: {again}\n\n"
                                   + table)  # fmt: skip
     print(table)
+    if done:
+        for path in dict.fromkeys([out / "plot.png", *([Path(args.plot)] if args.plot else [])]):
+            print(f"figure: {plot(done, list(rows), baseline, args.metric, args.effect, path, str(out))}")
     if failed:
         print(f"decide: {failed} of {len(cells)} runs failed (above); the table holds the others", file=sys.stderr)
     return 1 if failed else 0
