@@ -75,16 +75,19 @@ def draw(entries: list[dict], baseline: str, metric: str, effect: float, title: 
         right.annotate(f"{said} ({len(e['diffs'])})", (e["diff_mean"], y), xytext=(0, 7),
                        textcoords="offset points", ha="center", fontsize=8, color=colour)  # fmt: skip
     starts = [e["start"] for e in entries if math.isfinite(e["start"])]
+    label = f"{METRICS[metric]} at the end: seeds (grey), mean and 95% interval"
     if metric == "greedy" and starts:
-        left.axvline(sum(starts) / len(starts), color="0.6", ls="--", lw=1, label="held-out greedy at the start")
-        left.legend(fontsize=8, loc="lower right")
-    left.set_yticks(ys, [e["row"] for e in entries])
-    left.set(xlabel=f"{METRICS[metric]} at the end: seeds (grey), mean and 95% interval", xlim=(-0.02, 1.02))
+        left.axvline(sum(starts) / len(starts), color="0.6", ls="--", lw=1)
+        label += "\n(dashed: held-out greedy at the start)"
+    ends = [x for e in entries if math.isfinite(e["half"]) for x in (e["mean"] - e["half"], e["mean"] + e["half"])]
+    left.set_yticks(ys, [e["row"] for e in entries])  # a t interval may pass 0 or 1: the axis shows all of it
+    left.set(xlabel=label, xlim=(min([-0.02, *ends]) - 0.02, max([1.02, *ends]) + 0.02))
     right.axvline(0, color="0.3", lw=1)
+    label = f"minus {baseline}, paired by seed: mean and 95% interval (seeds)"
     if effect > 0:
-        right.axvspan(-effect, effect, color="0.92", zorder=0, label=f"within ±{effect:g}")
-        right.legend(fontsize=8, loc="lower right")
-    right.set(xlabel=f"minus {baseline}, paired by seed: mean and 95% interval (seeds)")
+        right.axvspan(-effect, effect, color="0.92", zorder=0)
+        label += f"\n(grey band: within ±{effect:g})"
+    right.set(xlabel=label)
     for ax in (left, right):
         ax.grid(axis="x", alpha=0.3)
         ax.set_ylim(-0.7, len(entries) - 0.3)
