@@ -337,3 +337,15 @@ def test_decide_writes_its_figure_from_a_results_file_and_refuses_a_format_it_ca
         main(["--from-results", str(path), "--plot", str(tmp_path / "rows.jpeg")])
     assert stop.value.code == 2 and "--plot: " in capsys.readouterr().err
     assert not (tmp_path / "rows.jpeg").exists()
+
+
+def test_without_matplotlib_the_figure_is_one_line_and_the_tables_stand(tmp_path, monkeypatch):
+    import sys
+
+    from lrl_lab.experiments.decide_plot import figure_line
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails as where it is not installed
+    line = figure_line(three_rows(), ["a", "b", "c"], "a", "greedy", 0.1, tmp_path / "rows.png", "here")
+    assert line.startswith("figure not drawn: matplotlib is not installed (pip install matplotlib)")
+    assert not (tmp_path / "rows.png").exists()
+

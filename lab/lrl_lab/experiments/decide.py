@@ -58,7 +58,7 @@ from pathlib import Path
 
 from lrl.cli import OneLineParser
 from lrl.pipeline.backends.spawn import die_with_parent
-from lrl_lab.experiments.decide_plot import FORMATS, plot
+from lrl_lab.experiments.decide_plot import FORMATS, figure_line
 from lrl_lab.experiments.decide_tables import METRICS, by_row, markdown, provenance_lines, stretches_table
 
 PRESETS = {
@@ -376,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_results:
         print(tables(results, rows, baseline, args))
         if args.plot and results:
-            print(f"figure: {plot(results, list(rows), baseline, args.metric, args.effect, Path(args.plot), args.from_results)}")
+            out = Path(args.plot)
+            print(figure_line(results, list(rows), baseline, args.metric, args.effect, out, args.from_results))
         return 0
     flags = args.flags or ["--env", "calc"]
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
@@ -436,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if done:
         for path in dict.fromkeys([out / "plot.png", *([Path(args.plot)] if args.plot else [])]):
-            print(f"figure: {plot(done, list(rows), baseline, args.metric, args.effect, path, str(out))}")
+            print(figure_line(done, list(rows), baseline, args.metric, args.effect, path, str(out)))
     if failed:
         print(f"decide: {failed} of {len(cells)} runs failed (above); the table holds the others", file=sys.stderr)
     return 1 if failed else 0

@@ -110,3 +110,15 @@ def plot(results: list[dict], order: list[str], baseline: str, metric: str, effe
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def figure_line(results: list[dict], order: list[str], baseline: str, metric: str, effect: float, out: Path,
+                source: str) -> str:  # fmt: skip
+    """Draw the figure (plot) -> the line that says where it is, or why it was not drawn (matplotlib missing: the
+    runs and the tables stand without it)."""
+    try:
+        return f"figure: {plot(results, order, baseline, metric, effect, out, source)}"
+    except ModuleNotFoundError as err:
+        if err.name != "matplotlib":
+            raise
+        return f"figure not drawn: matplotlib is not installed (pip install matplotlib), so {out} was not written"
