@@ -11,8 +11,8 @@
 #   ROWS=wider SEEDS=5 OUT=results/gpu_wider bash bench/gpu_table.sh
 #   ROWS='"on-policy=" "lag 8=--sampler lagged --lag 8"' bash bench/gpu_table.sh     # rows of your own (LABEL=FLAGS)
 #
-# Output in $OUT (default results/gpu_table): results.jsonl, table.md, gpu.txt (the device) and gpu_use.csv (its use
-# every 10 s).
+# Output in $OUT (default results/gpu_table): results.jsonl, table.md, plot.png (where matplotlib is installed),
+# gpu.txt (the device) and gpu_use.csv (its use every 10 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu_table}
