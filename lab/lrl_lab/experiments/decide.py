@@ -316,7 +316,8 @@ def tabling_command(results: Path, args) -> str:
     return shlex.join(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> OneLineParser:
+    """The command's options (the module docstring says what it does with them)."""
     p = OneLineParser(
         prog="python -m lrl_lab.experiments.decide",
         description=__doc__,
@@ -348,13 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="also this row's runs between two evaluations: held-out change, mismatch, gradient norm (repeatable)",
     )
-    p.add_argument(
-        "--plot",
-        metavar="PATH",
-        help="also draw the rows and their paired differences, with their intervals, to PATH (.png, .svg or .pdf; "
-        "a run of rows always draws plot.png beside table.md)",
-    )
+    p.add_argument("--plot", metavar="PATH", help="also draw the rows, differences and intervals to PATH (.png, .svg, "
+                   ".pdf; runs always draw plot.png beside table.md)")  # fmt: skip
     p.add_argument("flags", nargs="*", help="train.py flags of every run, after -- (default: --env calc)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     try:
         rows = parse_rows(args.rows_given or ["core"])
