@@ -295,7 +295,7 @@ def test_the_figure_draws_each_rows_interval_and_its_paired_difference_coloured_
     from lrl_lab.experiments.decide_plot import draw, forest
 
     entries = forest(three_rows(), ["a", "b", "c"], "a", "greedy")
-    fig = draw(entries, "a", "greedy", 0.1, "title")
+    fig = draw(entries, "a", "greedy", 0.1)
     left, right = fig.axes
     assert [t.get_text() for t in left.get_yticklabels()] == ["a", "b", "c"]  # the first row at the top
 

@@ -378,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_results:
         print(tables(results, rows, baseline, args))
         if args.plot and results:
-            out = Path(args.plot)
-            print(figure_line(results, list(rows), baseline, args.metric, args.effect, out, args.from_results))
+            figure = Path(args.plot)
+            print(figure_line(results, list(rows), baseline, args.metric, args.effect, figure, args.from_results))
         return 0
     flags = args.flags or ["--env", "calc"]
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from lrl_lab.experiments.decide_tables import METRICS, by_row, interval, paired
+from lrl_lab.experiments.decide_tables import METRICS, by_row, in_order, interval, paired
+from lrl_lab.tools.plot_run import pyplot, save_figure
 
 FORMATS = (".png", ".svg", ".pdf")  # what the figure may be written as (matplotlib's Agg and its vector backends)
 
@@ -19,9 +20,8 @@ def forest(results: list[dict], order: list[str], baseline: str, metric: str) ->
     mean and 95% half-width, the held-out greedy rate at the start (mean), and, for every row but the baseline, the
     paired differences from the baseline over the seeds both have, with their mean and half-width."""
     rows = by_row(results)
-    order = [r for r in order if r in rows] + [r for r in rows if r not in order]
     entries = []
-    for label in order:
+    for label in in_order(rows, order):
         seeds = sorted(rows[label])
         values = [rows[label][s][metric] for s in seeds]
         mean, half, _ = interval(values)
@@ -45,35 +45,30 @@ def side(mean: float, half: float) -> int:
 COLOURS = {1: "tab:blue", -1: "tab:red", 0: "black"}
 
 
-def draw(entries: list[dict], baseline: str, metric: str, effect: float, title: str):
-    """The two panels of `entries` (forest's) -> the matplotlib figure, not yet written."""
-    import matplotlib
+def seeds_and_bar(ax, xs: list[float], mean: float, half: float, y: float, colour: str) -> None:
+    """One row of a panel: its seeds' values in grey, spread a little about `y`, and its mean with the interval."""
+    ax.scatter(xs, [y + 0.25 * (i / max(len(xs) - 1, 1) - 0.5) for i in range(len(xs))], s=14, color="0.55", zorder=2)
+    ax.errorbar(mean, y, xerr=half if math.isfinite(half) else None, fmt="D", ms=6, color=colour, capsize=4, zorder=3)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(
+def draw(entries: list[dict], baseline: str, metric: str, effect: float):
+    """The two panels of `entries` (forest's) -> the matplotlib figure, not yet titled or written."""
+    fig, (left, right) = pyplot().subplots(
         1, 2, figsize=(11, 1.2 + 0.55 * len(entries)), sharey=True, gridspec_kw={"width_ratios": [1, 1.25]}
     )
     ys = list(range(len(entries)))[::-1]  # the first row at the top
     for y, e in zip(ys, entries):
-        spread = [y + 0.25 * (i / max(len(e["values"]) - 1, 1) - 0.5) for i in range(len(e["values"]))]
-        left.scatter(e["values"], spread, s=14, color="0.55", zorder=2)
-        left.errorbar(e["mean"], y, xerr=e["half"] if math.isfinite(e["half"]) else None, fmt="D", ms=6,
-                      color="black", capsize=4, zorder=3)  # fmt: skip
+        seeds_and_bar(left, e["values"], e["mean"], e["half"], y, "black")
         if "diffs" not in e:
             right.text(0.02, y, f"{e['row']}: the baseline", va="center", transform=right.get_yaxis_transform(),
                        fontsize=8, color="0.35")  # fmt: skip
             continue
-        colour = COLOURS[side(e["diff_mean"], e["diff_half"])]
-        spread = [y + 0.25 * (i / max(len(e["diffs"]) - 1, 1) - 0.5) for i in range(len(e["diffs"]))]
-        right.scatter(e["diffs"], spread, s=14, color="0.55", zorder=2)
-        half = e["diff_half"]
-        right.errorbar(e["diff_mean"], y, xerr=half if math.isfinite(half) else None, fmt="D", ms=6, color=colour,
-                       capsize=4, zorder=3)  # fmt: skip
-        said = f"{e['diff_mean']:+.3f} ± {half:.3f}" if math.isfinite(half) else f"{e['diff_mean']:+.3f}"
-        right.annotate(f"{said} ({len(e['diffs'])})", (e["diff_mean"], y), xytext=(0, 7),
-                       textcoords="offset points", ha="center", fontsize=8, color=colour)  # fmt: skip
+        mean, half = e["diff_mean"], e["diff_half"]
+        colour = COLOURS[side(mean, half)]
+        seeds_and_bar(right, e["diffs"], mean, half, y, colour)
+        said = f"{mean:+.3f} ± {half:.3f}" if math.isfinite(half) else f"{mean:+.3f}"
+        right.annotate(f"{said} ({len(e['diffs'])})", (mean, y), xytext=(0, 7), textcoords="offset points",
+                       ha="center", fontsize=8, color=colour)  # fmt: skip
     starts = [e["start"] for e in entries if math.isfinite(e["start"])]
     label = f"{METRICS[metric]} at the end: seeds (grey), mean and 95% interval"
     if metric == "greedy" and starts:
@@ -91,8 +86,6 @@ def draw(entries: list[dict], baseline: str, metric: str, effect: float, title: 
     for ax in (left, right):
         ax.grid(axis="x", alpha=0.3)
         ax.set_ylim(-0.7, len(entries) - 0.3)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return fig
 
 
@@ -100,16 +93,10 @@ def plot(results: list[dict], order: list[str], baseline: str, metric: str, effe
          source: str) -> Path:  # fmt: skip
     """Write the figure of the runs to `out` (its suffix names the format: one of FORMATS), titled by `source` and
     the machines and arithmetic the runs name -> `out`."""
-    import matplotlib.pyplot as plt
-
     where = sorted({f"{r.get('machine') or 'machine not recorded'}, {r.get('precision') or 'arithmetic not recorded'}"
                     for r in results})  # fmt: skip
-    title = f"{source} ({'; '.join(where)})"
-    fig = draw(forest(results, order, baseline, metric), baseline, metric, effect, title)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    fig = draw(forest(results, order, baseline, metric), baseline, metric, effect)
+    return save_figure(fig, out, f"{source} ({'; '.join(where)})")
 
 
 def figure_line(results: list[dict], order: list[str], baseline: str, metric: str, effect: float, out: Path,

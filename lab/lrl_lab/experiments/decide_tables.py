@@ -93,6 +93,11 @@ def by_row(results: list[dict]) -> dict[str, dict[int, dict]]:
     return out
 
 
+def in_order(rows: dict, order: list[str]) -> list[str]:
+    """The labels of `rows` in `order`, then those `order` does not name, in the order they came."""
+    return [r for r in order if r in rows] + [r for r in rows if r not in order]
+
+
 def paired(rows: dict, a: str, b: str, metric: str) -> list[float]:
     """a - b on every seed both rows have."""
     common = sorted(set(rows.get(a, {})) & set(rows.get(b, {})))
@@ -139,7 +144,7 @@ def markdown(
     results: list[dict], order: list[str], baseline: str, effect: float, primary: str, gain: float = 0.25
 ) -> str:
     rows = by_row(results)
-    order = [r for r in order if r in rows] + [r for r in rows if r not in order]
+    order = in_order(rows, order)
     lines = ["| row | seeds | " + " | ".join(METRICS.values()) + " | greedy at start | mismatch | over cap | "
              f"learned (+{gain:g} greedy) | wall (min) |",
              "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- | --- | --- | --- |"]  # fmt: skip

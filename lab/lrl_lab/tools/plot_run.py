@@ -31,7 +31,8 @@ def read_scalars(log_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events] for tag, events in read_events(log_dir).items()}
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,7 +41,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, out: str | Path, title: str) -> Path:
+def save_figure(fig, out: str | Path, title: str) -> Path:
     """Title, lay out, write and close a figure -> the path written."""
     import matplotlib.pyplot as plt
 
@@ -58,7 +59,7 @@ def plot_run(log_dir: str | Path, out: str | Path, title: str | None = None) -> 
     scalars = read_scalars(log_dir)
     if not scalars:
         raise SystemExit(f"{log_dir}: no TensorBoard scalars found")
-    fig, axes = _pyplot().subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
+    fig, axes = pyplot().subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
     for ax, (name, tags, ylim) in zip(axes, PANELS):
         for tag in tags:
             if tag in scalars:
@@ -69,7 +70,7 @@ def plot_run(log_dir: str | Path, out: str | Path, title: str | None = None) -> 
             ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, out, title or str(log_dir))
+    return save_figure(fig, out, title or str(log_dir))
 
 
 SPLIT_PARTS = ("staleness", "quantization", "engine", "rest")
@@ -81,7 +82,7 @@ def plot_split(log_dir: str | Path, out: str | Path, title: str | None = None) -
     scalars = read_scalars(log_dir)
     if "mismatch/part/total_abs" not in scalars:
         raise SystemExit(f"{log_dir}: no mismatch split (mismatch/part/*); run with --mismatch-split-every K")
-    fig, axes = _pyplot().subplots(1, 3, figsize=(13, 3.4))
+    fig, axes = pyplot().subplots(1, 3, figsize=(13, 3.4))
     panels = (
         (axes[0], "mean |part| per token (nats)", [f"{p}_abs" for p in SPLIT_PARTS] + ["total_abs"]),
         (axes[1], "mean part per token, signed (nats)", list(SPLIT_PARTS) + ["total"]),
@@ -98,7 +99,7 @@ def plot_split(log_dir: str | Path, out: str | Path, title: str | None = None) -
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[2].set_ylim(0, 1.05)
-    return _save(fig, out, title or str(log_dir))
+    return save_figure(fig, out, title or str(log_dir))
 
 
 def find_run(path: str | Path) -> Path:
