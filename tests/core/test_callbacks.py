@@ -169,7 +169,9 @@ def read_events(log_dir: str) -> EventAccumulator:
 
 @pytest.fixture(scope="module")
 def lagged(tmp_path_factory):
-    """`train.py --sampler lagged --lag 4 --max-steps 10` with the default (all on) monitoring."""
+    """`train.py --sampler lagged --lag 4 --max-steps 10` with the default (all on) monitoring. Its tests are one
+    group, handed to one worker together (and first, as the long ones): tests of the module spread over workers, or
+    split by the order of the long ones, would each run it again."""
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     cfg = Config(
         sampler="lagged",
@@ -191,7 +193,7 @@ def last_value(acc: EventAccumulator, tag: str) -> float:
     return acc.Scalars(tag)[-1].value
 
 
-@pytest.mark.early
+@pytest.mark.xdist_group("callbacks-lagged")
 def test_every_tag_is_logged(lagged):
     run, acc = lagged
     tags = acc.Tags()
@@ -204,6 +206,7 @@ def test_every_tag_is_logged(lagged):
     assert {"reward", "val/pass_rate", "mismatch"} <= set(run.trainer.progress_bar_metrics)
 
 
+@pytest.mark.xdist_group("callbacks-lagged")
 def test_logged_mismatch_matches_hand_computation(lagged):
     run, acc = lagged
     m = run.module
@@ -246,6 +249,7 @@ def test_logged_mismatch_matches_hand_computation(lagged):
     assert last_value(acc, "mismatch/step0_abs_mean") < 1e-5  # version-0 weights on both sides
 
 
+@pytest.mark.xdist_group("callbacks-lagged")
 def test_logged_staleness_and_timing_match_hand_computation(lagged):
     run, acc = lagged
     m = run.module
@@ -281,7 +285,7 @@ def test_logged_staleness_and_timing_match_hand_computation(lagged):
     assert last_value(acc, "time/step_mean") == pytest.approx(steps.mean(), rel=1e-5)
 
 
-@pytest.mark.early
+@pytest.mark.xdist_group("callbacks-lagged")
 def test_staleness_histogram_has_all_mass_at_the_lag_after_warmup(lagged):
     _, acc = lagged
     for tag in ("staleness/token", "staleness/episode"):

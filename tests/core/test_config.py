@@ -121,6 +121,7 @@ def help_text():
     return out.stdout
 
 
+@pytest.mark.xdist_group("train-help")  # one worker runs train.py --help once for the three
 def test_help_lists_every_option(help_text):
     for flag in (
         "--config",
@@ -178,6 +179,7 @@ def test_a_negated_boolean_flag_takes_no_value():
         parse_args(["--progress", "maybe"])
 
 
+@pytest.mark.xdist_group("train-help")  # one worker runs train.py --help once for the three
 def test_help_shows_both_forms_of_a_boolean_flag(help_text):
     assert "--deterministic [true|false], --no-deterministic" in help_text
     assert "--progress [true|false], --no-progress" in help_text
@@ -290,6 +292,7 @@ def test_the_options_a_resumed_run_may_change_are_declared_on_them():
     }  # fmt: skip
 
 
+@pytest.mark.xdist_group("train-help")  # one worker runs train.py --help once for the three
 def test_help_lists_the_options_section_by_section(help_text):
     from lrl.arguments import HEADINGS
 

@@ -407,6 +407,7 @@ def checkpointed(tmp_path_factory, model_dir):
     return logs
 
 
+@pytest.mark.xdist_group("checkpointed")  # one worker trains the checkpoint once for the three damages
 @pytest.mark.parametrize("damage", ["no datamodule state", "a cut tensor", "no optimizer state"])
 def test_a_crafted_checkpoint_under_resume_last_is_one_line(tmp_path, model_dir, checkpointed, damage):
     import shutil
