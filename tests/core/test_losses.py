@@ -73,6 +73,29 @@ def test_cispo_is_finite_at_any_log_ratio():
     assert logp.grad[0, 0].item() == pytest.approx(-1.28 / 2)
 
 
+def test_at_a_ratio_of_one_the_three_losses_take_the_same_gradient():
+    """One minibatch under recompute scores pi_prox with the update's own forward (rho = 1 on every token): there
+    the clipped, pg and CISPO losses differ in value but not in gradient, w A / n each, so a run that changes only
+    --loss takes the same update (up to rounding)."""
+    grads = {}
+    for kind in ("clipped", "pg", "cispo"):
+        logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+        adv, mask = (torch.tensor(x, dtype=torch.float64) for x in (ADV, MASK))
+        loss, _ = policy_loss(kind, logp, logp.detach(), adv, mask, 0.2, 0.28)
+        loss.backward()
+        grads[kind] = logp.grad
+    want = torch.tensor([[-ADV[b][t] * MASK[b][t] / 7 for t in range(4)] for b in range(2)], dtype=torch.float64)
+    for kind, grad in grads.items():
+        assert torch.allclose(grad, want, rtol=0, atol=1e-15), kind
+    # off rho = 1 they part: the reference tensors' ratios (up to e^4) put tokens past the clip and the truncation
+    apart = {}
+    for kind in ("clipped", "cispo"):
+        logp, old, adv, mask = leaf()
+        policy_loss(kind, logp, old, adv, mask, 0.2, 0.28)[0].backward()
+        apart[kind] = logp.grad
+    assert not torch.allclose(apart["clipped"], apart["cispo"])
+
+
 def test_policy_loss_dispatches_and_refuses_unknown_names():
     logp, old, adv, mask = leaf()
     a, _ = policy_loss("clipped", logp, old, adv, mask, 0.2, 0.28)
