@@ -145,6 +145,25 @@ def test_a_results_file_is_tabled_by_its_own_rows_against_its_first(tmp_path, ca
     assert "| yours | 3 | 0.300" in out  # yours minus mine, 0.3 on every seed
 
 
+def test_a_runs_mismatch_is_the_mean_over_the_steps_that_measured_it():
+    from lrl_lab.experiments.decide_tables import markdown, measured_mean
+
+    # under bypass a step with nothing to train logs no mismatch: it is left out, not counted as 0
+    assert measured_mean([0.3, None, 0.1, None], float("nan")) == pytest.approx(0.2)
+    assert math.isnan(measured_mean([None, None], float("nan")))
+    base = {"greedy_first": 0.1, "greedy": 0.2, "sampled": 0.2, "reward": 0.1, "wall": 60.0}
+    steps = lambda m: [{"step": 0, "mismatch": m, "over_cap": 0.04}, {"step": 1}]  # noqa: E731
+    bypass = [{"row": "bypass", "seed": s, **base, "mismatch": m / 2, "over_cap": 0.02, "history": steps(m)}
+              for s, m in ((0, 0.2), (1, 0.4))]  # the means as an older record has them: the step without, as 0
+    plain = [{"row": "plain", "seed": s, **base, "mismatch": 0.5, "over_cap": 0.02} for s in (0, 1)]  # no step records
+    table = markdown(plain + bypass, ["plain", "bypass"], "plain", 0.1, "greedy")
+    cells = {}  # the first table's row of each label: its mismatch and over-cap cells
+    for line in (line for line in table.splitlines() if line.startswith("| ")):
+        cells.setdefault(line.split(" | ")[0], line.split(" | ")[6:8])
+    assert cells["| bypass"] == ["0.300 ± 1.271", "0.040 ± 0.000"]  # t(1) = 12.706: 12.706 * 0.1414 / sqrt(2)
+    assert cells["| plain"] == ["0.500 ± 0.000", "0.020 ± 0.000"]  # the recorded means
+
+
 def test_rows_that_would_be_refused_are_named_before_anything_runs(tmp_path, capsys):
     from lrl_lab.experiments.decide import main
 

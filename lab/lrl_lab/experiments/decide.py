@@ -106,6 +106,7 @@ def one_run(cell: tuple) -> dict:
     from lrl.precision import autocast
     from lrl.run import build_run, fit
     from lrl.streams import EVALUATION, stream_seed
+    from lrl_lab.experiments.decide_tables import measured_mean
 
     start = time.time()
     cfg = parse_args(run_argv(flags, row_flags, seed, threads))
@@ -123,7 +124,7 @@ def one_run(cell: tuple) -> dict:
     for task in run.spec.heldout_tasks:
         kinds.setdefault(str(getattr(task, "kind", "all")), []).append(task.task_id)
     hist = run.module.history
-    mean = lambda key: sum(h.get(key, 0.0) for h in hist) / max(len(hist), 1)  # noqa: E731
+    measured = lambda key: measured_mean([h.get(key) for h in hist], float("nan"))  # noqa: E731
     evals = run.module.evals
     return {
         "row": label,
@@ -132,9 +133,9 @@ def one_run(cell: tuple) -> dict:
         "greedy_first": evals[0]["pass_rate"] if evals else float("nan"),
         "greedy": result.pass_rate,
         "sampled": sampled,
-        "reward": mean("train/reward"),
-        "mismatch": mean("mismatch/abs_mean"),
-        "over_cap": mean("mismatch/over_cap"),
+        "reward": measured("train/reward"),
+        "mismatch": measured("mismatch/abs_mean"),
+        "over_cap": measured("mismatch/over_cap"),
         "skipped": sum(h.get("train/skipped", 0.0) for h in hist),
         "redrawn": sum(h.get("train/redrawn", 0.0) for h in hist),
         "steps": len(hist),

@@ -140,6 +140,21 @@ def provenance_lines(results: list[dict]) -> list[str]:
     return ["Runs:", *lines, ""] if lines else []
 
 
+def measured_mean(values: list, otherwise: float) -> float:
+    """The mean of a run's per-step figure over the steps that measured it (None: not measured), `otherwise` where
+    none did. Under bypass (``--proximal rollout``) a step with nothing to train scores no pi_old and logs no
+    mismatch: counted as 0, the run's mismatch would read a fraction of what its trained steps measured."""
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else otherwise
+
+
+def run_figure(run: dict, key: str) -> float:
+    """A run's mismatch or over-cap share, over the steps that measured it: from its step records where it kept them
+    (a record written before decide skipped the steps without the figure counted them as 0), else its recorded
+    mean."""
+    return measured_mean([h.get(key) for h in run.get("history") or []], run[key])
+
+
 def markdown(
     results: list[dict], order: list[str], baseline: str, effect: float, primary: str, gain: float = 0.25
 ) -> str:
@@ -151,7 +166,8 @@ def markdown(
     for label in order:
         runs = list(rows[label].values())
         cells = [mean_pm(*interval([r[m] for r in runs])[:2]) for m in METRICS]
-        extra = [mean_pm(*interval([r[k] for r in runs])[:2]) for k in ("greedy_first", "mismatch", "over_cap")]
+        extra = [mean_pm(*interval([r["greedy_first"] for r in runs])[:2])]
+        extra += [mean_pm(*interval([run_figure(r, k) for r in runs])[:2]) for k in ("mismatch", "over_cap")]
         k = sum(learned(r, gain) for r in runs)
         extra.append("{} of {} ({:.2f}-{:.2f})".format(k, len(runs), *wilson(k, len(runs))))
         wall = interval([r["wall"] / 60 for r in runs])
