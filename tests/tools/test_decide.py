@@ -143,6 +143,9 @@ def test_a_results_file_is_tabled_by_its_own_rows_against_its_first(tmp_path, ca
     out = capsys.readouterr().out
     assert "Paired differences from **mine**" in out
     assert "| yours | 3 | 0.300" in out  # yours minus mine, 0.3 on every seed
+    assert main(["--from-results", str(path), "--rows", "yours="]) == 0  # only the rows named
+    out = capsys.readouterr().out
+    assert "| yours | 3 |" in out and "| mine |" not in out
 
 
 def test_a_runs_mismatch_is_the_mean_over_the_steps_that_measured_it():

@@ -328,7 +328,8 @@ def parser() -> OneLineParser:
         "--rows",
         nargs="+",
         dest="rows_given",
-        help="LABEL=FLAGS or a preset (core, wider, fast); default core (with --from-results: the file's rows)",
+        help="LABEL=FLAGS or a preset (core, wider, fast); default core, or with --from-results the file's rows; "
+        "the tables and figure show the rows named only",
     )
     p.add_argument("--seeds", type=int, default=8, help="seeds 0 .. N-1 of every row (default 8)")
     p.add_argument("--first-seed", type=int, default=0)
@@ -366,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1 or args.jobs < 1 or args.samples < 0 or args.threads < 0:
         p.error("--seeds and --jobs must be >= 1, --samples and --threads >= 0")
     results = read_done(Path(args.from_results)) if args.from_results else []
-    if args.from_results and args.rows_given is None:  # the file's own rows, in the order they were run
-        rows = {r["row"]: r.get("flags", "") for r in results} or rows
+    if args.from_results:  # the file's own rows, in the order they were run, or only those --rows names
+        rows = ({r["row"]: r.get("flags", "") for r in results} or rows) if args.rows_given is None else rows
+        results = [r for r in results if r["row"] in rows]
     baseline = args.baseline or next(iter(rows))
     if baseline not in rows:
         p.error(f"--baseline: {baseline!r} is not one of the rows ({', '.join(rows)})")
@@ -388,12 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     done = read_done(done_path)
     have = {(r["row"], r["seed"]) for r in done}
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    cells = [
-        (label, rows[label], seed, flags, args.samples, threads)
-        for seed in seeds
-        for label in rows
-        if (label, seed) not in have
-    ]  # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
+    # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
+    cells = [(label, rows[label], seed, flags, args.samples, threads) for seed in seeds for label in rows
+             if (label, seed) not in have]  # fmt: skip
     to_do = Counter(label for label, *_ in cells)
     problems = check_rows({label: rows[label] for label in to_do}, flags, args.first_seed, args.jobs, threads, to_do)
     for line in problems:  # before any run: a typo in one row would otherwise surface hours into the others
@@ -409,8 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")
-    start = time.time()
-    failed = 0
+    start, failed = time.time(), 0
     for i, (cell, future) in enumerate(each_in_its_own_process(cells, args.jobs, started=say_started), 1):
         label, _, seed, *_ = cell
         try:
@@ -433,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
               f"{r['wall'] / 60:.1f} min ({elapsed / 60:.0f} min in all{time_left(elapsed, i, len(cells))})",
               flush=True)  # fmt: skip
+    done = [r for r in done if r["row"] in rows]  # the rows asked for, as the command that tables again names them
     table = tables(done, rows, baseline, args)
     again = tabling_command(done_path, args)
     (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\nTabled again by: {again}\n\n"
