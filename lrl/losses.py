@@ -14,6 +14,11 @@ import torch
 
 from lrl.sections.training import LOSSES
 
+# every loss's statistics: clip_frac and approx_kl, and per sign of the advantage the share of action tokens whose
+# gradient the loss removed (clip_pos, clip_neg) and the gradient the others carry (push_pos, push_neg: sum |c_t| / n
+# over the tokens of that sign, where a token's gradient is c_t grad log pi)
+LOSS_STATS = ("clip_frac", "approx_kl", "clip_pos", "clip_neg", "push_pos", "push_neg")
+
 
 def group_advantages(
     reward: torch.Tensor,
@@ -70,6 +75,7 @@ def clipped_policy_loss(
             "clip_frac": (was_clipped.float() * mask).sum() / n,
             "approx_kl": (((ratio - 1) - log_ratio) * mask).sum() / n,  # k3 estimator of KL(old||new)
         }
+        stats.update(_by_sign(torch.where(was_clipped, 0.0, ratio * token_adv), token_adv, mask, was_clipped))
     return loss, stats
 
 
@@ -82,7 +88,8 @@ def pg_policy_loss(
     on = mask.bool()
     per_token = torch.where(on, -token_adv.detach() * logp, 0.0)
     n = mask.sum().clamp(min=1.0)
-    return per_token.sum() / n, _stats(logp, old_logp, mask, torch.zeros_like(on))
+    none = torch.zeros_like(on)
+    return per_token.sum() / n, _stats(logp, old_logp, mask, none) | _by_sign(token_adv, token_adv, mask, none)
 
 
 def cispo_policy_loss(
@@ -103,7 +110,8 @@ def cispo_policy_loss(
     coef = log_ratio.clamp(max=ceiling).exp()  # [B, T] <= 1 + eps_high
     per_token = torch.where(on, -(coef * token_adv.detach()) * logp, 0.0)
     n = mask.sum().clamp(min=1.0)
-    return per_token.sum() / n, _stats(logp, old_logp, mask, (log_ratio > ceiling) & on)
+    stats = _stats(logp, old_logp, mask, (log_ratio > ceiling) & on)
+    return per_token.sum() / n, stats | _by_sign(coef * token_adv, token_adv, mask, torch.zeros_like(on))
 
 
 def _stats(logp, old_logp, mask, truncated) -> dict[str, torch.Tensor]:
@@ -116,6 +124,22 @@ def _stats(logp, old_logp, mask, truncated) -> dict[str, torch.Tensor]:
         return {
             "clip_frac": (truncated.float() * mask).sum() / n,
             "approx_kl": ((torch.expm1(log_ratio) - log_ratio) * mask).sum() / n,
+        }
+
+
+def _by_sign(coef, token_adv, mask, removed) -> dict[str, torch.Tensor]:
+    """clip_pos, clip_neg, push_pos, push_neg (``LOSS_STATS``) from each token's gradient coefficient ``coef``
+    (0 where the loss removed it) and the tokens ``removed``: all [B, T], shares of the action tokens."""
+    with torch.no_grad():
+        on = mask.bool()
+        n = mask.sum().clamp(min=1.0)
+        pos, neg = on & (token_adv > 0), on & (token_adv < 0)
+        size = coef.detach().abs()
+        return {
+            "clip_pos": (removed & pos).sum() / n,
+            "clip_neg": (removed & neg).sum() / n,
+            "push_pos": torch.where(pos, size, 0.0).sum() / n,
+            "push_neg": torch.where(neg, size, 0.0).sum() / n,
         }
 
 

@@ -25,7 +25,7 @@ from lrl.batch import to_device
 from lrl.distributed import Ranks
 from lrl.evaluation import heldout
 from lrl.logprobs import scored_in_rows, token_log_probs
-from lrl.losses import policy_loss
+from lrl.losses import LOSS_STATS, policy_loss
 from lrl.metrics import step_metrics
 from lrl.precision import LossScale, accelerator_device, autocast, resolve_precision
 from lrl.proximal import forward_correction
@@ -293,7 +293,7 @@ class OffPolicyModule(L.LightningModule):
             carried = float((token_adv * mask).ne(0).sum())
         else:  # this rank has no rows in the minibatch: a zero loss keeps the gradient all-reduce in step
             loss = sum(p.sum() for p in self.policy.parameters()) * 0.0
-            st = {k: torch.zeros((), device=self.device) for k in ("clip_frac", "approx_kl", "entropy")}
+            st = {k: torch.zeros((), device=self.device) for k in (*LOSS_STATS, "entropy")}
             bad = {"logp (log pi)": 0, "loss": 0}
             if mb.old_logp is None:
                 bad = {"old_logp (log pi_old)": 0, "weights": 0, "loss": 0}

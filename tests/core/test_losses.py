@@ -96,6 +96,33 @@ def test_at_a_ratio_of_one_the_three_losses_take_the_same_gradient():
     assert not torch.allclose(apart["clipped"], apart["cispo"])
 
 
+def test_the_clip_by_sign_of_the_advantage_by_hand():
+    """The reference tensors' ratios: row 0 (A = +0.5) e^0.1, e^-0.1 and e^0.5, which is past 1 + eps_high, so the
+    clipped loss removes its gradient; row 1 (A = -1) e^-2, under 1 - eps_low (removed), then 1, e^0.1 and e^3.9,
+    which keeps its gradient at 49 times A: the asymmetry of the clip for a negative advantage."""
+    logp, old, adv, mask = leaf()
+    _, stats = clipped_policy_loss(logp, old, adv, mask, 0.2, 0.28)
+    n = 7
+    assert stats["clip_pos"].item() == pytest.approx(1 / n)
+    assert stats["clip_neg"].item() == pytest.approx(1 / n)
+    assert stats["push_pos"].item() == pytest.approx(0.5 * (math.exp(0.1) + math.exp(-0.1)) / n)
+    assert stats["push_neg"].item() == pytest.approx((1 + math.exp(0.1) + math.exp(3.9)) / n)
+
+
+@pytest.mark.parametrize("kind", ["clipped", "pg", "cispo"])
+def test_the_push_of_each_sign_is_the_gradient_the_loss_takes(kind):
+    """push_pos and push_neg are the summed |d loss / d log pi| on the tokens of that sign, as autograd computes it;
+    clip_pos and clip_neg count the tokens of that sign whose gradient is 0."""
+    logp, old, adv, mask = leaf()
+    loss, stats = policy_loss(kind, logp, old, adv, mask, 0.2, 0.28)
+    loss.backward()
+    on = mask.bool()
+    for sign, pick in (("pos", on & (adv > 0)), ("neg", on & (adv < 0))):
+        grad = logp.grad[pick]
+        assert stats[f"push_{sign}"].item() == pytest.approx(grad.abs().sum().item(), rel=1e-12)
+        assert stats[f"clip_{sign}"].item() == pytest.approx((grad == 0).sum().item() / 7)
+
+
 def test_policy_loss_dispatches_and_refuses_unknown_names():
     logp, old, adv, mask = leaf()
     a, _ = policy_loss("clipped", logp, old, adv, mask, 0.2, 0.28)
