@@ -15,9 +15,11 @@ import torch
 from lrl.sections.training import LOSSES
 
 # every loss's statistics: clip_frac and approx_kl, and per sign of the advantage the share of action tokens whose
-# gradient the loss removed (clip_pos, clip_neg) and the gradient the others carry (push_pos, push_neg: sum |c_t| / n
-# over the tokens of that sign, where a token's gradient is c_t grad log pi)
-LOSS_STATS = ("clip_frac", "approx_kl", "clip_pos", "clip_neg", "push_pos", "push_neg")
+# gradient the loss removed (clip_pos, clip_neg), the gradient the others carry (push_pos, push_neg: sum |c_t| / n
+# over the tokens of that sign, where a token's gradient is c_t grad log pi) and what a ratio of 1 on every token
+# would give them (adv_pos, adv_neg: sum |w A| / n), so push / adv is how much of each sign's gradient the ratio and
+# the clip let through
+LOSS_STATS = ("clip_frac", "approx_kl", "clip_pos", "clip_neg", "push_pos", "push_neg", "adv_pos", "adv_neg")
 
 
 def group_advantages(
@@ -128,8 +130,8 @@ def _stats(logp, old_logp, mask, truncated) -> dict[str, torch.Tensor]:
 
 
 def _by_sign(coef, token_adv, mask, removed) -> dict[str, torch.Tensor]:
-    """clip_pos, clip_neg, push_pos, push_neg (``LOSS_STATS``) from each token's gradient coefficient ``coef``
-    (0 where the loss removed it) and the tokens ``removed``: all [B, T], shares of the action tokens."""
+    """clip_pos, clip_neg, push_pos, push_neg, adv_pos, adv_neg (``LOSS_STATS``) from each token's gradient
+    coefficient ``coef`` (0 where the loss removed it) and the tokens ``removed``: all [B, T], per action token."""
     with torch.no_grad():
         on = mask.bool()
         n = mask.sum().clamp(min=1.0)
@@ -140,6 +142,8 @@ def _by_sign(coef, token_adv, mask, removed) -> dict[str, torch.Tensor]:
             "clip_neg": (removed & neg).sum() / n,
             "push_pos": torch.where(pos, size, 0.0).sum() / n,
             "push_neg": torch.where(neg, size, 0.0).sum() / n,
+            "adv_pos": torch.where(pos, token_adv.detach(), 0.0).sum() / n,
+            "adv_neg": -torch.where(neg, token_adv.detach(), 0.0).sum() / n,
         }
 
 

@@ -6,8 +6,9 @@ all tokens), ``maxes`` to a value reduced by maximum. One name per quantity, one
 
 - ``train/``: reward, invalid, the environment's per-episode counts (``train/reads``), ``action_tokens``
   (generated tokens per episode), ``skipped``, the update's loss, clip_frac, approx_kl, entropy, grad_norm,
-  clip_pos / clip_neg and push_pos / push_neg (per sign of the advantage, the shares of action tokens whose gradient
-  the loss removed and the summed |d loss / d log pi| of the rest: lrl.losses.LOSS_STATS),
+  clip_pos / clip_neg, push_pos / push_neg and adv_pos / adv_neg (per sign of the advantage, the shares of action
+  tokens whose gradient the loss removed, the summed |d loss / d log pi| of the rest, and the sum a ratio of 1 would
+  give: lrl.losses.LOSS_STATS),
   and ``step_kl`` / ``step_max_log_ratio``: KL(pi_old || pi_new) and the largest |log ratio| on the step's
   own batch after all its minibatches (approx_kl, measured before each minibatch, never sees the last one);
 - ``mismatch/abs_mean``, ``mismatch/over_cap``: mean |log pi_old - log mu| over action tokens and the share

@@ -107,6 +107,8 @@ def test_the_clip_by_sign_of_the_advantage_by_hand():
     assert stats["clip_neg"].item() == pytest.approx(1 / n)
     assert stats["push_pos"].item() == pytest.approx(0.5 * (math.exp(0.1) + math.exp(-0.1)) / n)
     assert stats["push_neg"].item() == pytest.approx((1 + math.exp(0.1) + math.exp(3.9)) / n)
+    assert stats["adv_pos"].item() == pytest.approx(3 * 0.5 / n)  # what a ratio of 1 would push
+    assert stats["adv_neg"].item() == pytest.approx(4 * 1.0 / n)
 
 
 @pytest.mark.parametrize("kind", ["clipped", "pg", "cispo"])
@@ -121,6 +123,7 @@ def test_the_push_of_each_sign_is_the_gradient_the_loss_takes(kind):
         grad = logp.grad[pick]
         assert stats[f"push_{sign}"].item() == pytest.approx(grad.abs().sum().item(), rel=1e-12)
         assert stats[f"clip_{sign}"].item() == pytest.approx((grad == 0).sum().item() / 7)
+        assert stats[f"adv_{sign}"].item() == pytest.approx(adv[pick].abs().sum().item() / 7)
 
 
 def test_policy_loss_dispatches_and_refuses_unknown_names():

@@ -162,6 +162,7 @@ def test_microbatches_accumulate_the_same_update_as_one_forward(smollm2_cut, coi
         fit(run)
         out[tokens] = run.module.history[0]
     keys = ("loss", "grad_norm", "clip_frac", "entropy", "approx_kl", "push_pos", "push_neg", "clip_pos", "clip_neg")
+    keys += ("adv_pos", "adv_neg")
     assert out[None]["train/push_pos"] > 0 and out[None]["train/push_neg"] > 0  # a step that trained, both signs
     for key in (f"train/{k}" for k in keys):
         assert out[40][key] == pytest.approx(out[None][key], rel=1e-4, abs=1e-7), key

@@ -301,19 +301,19 @@ def test_stretches_between_evaluations_pair_the_held_out_change_with_the_mismatc
     with pytest.raises(SystemExit):
         main(["--from-results", str(path), "--stretches", "lag 4"])
     assert "--stretches: 'lag 4' not among the rows (lag 8)" in capsys.readouterr().err
-    assert "| 0 | 0-1 | +0.400 | 0.30 | 1.50 | - / - | - |" in out  # records from before the clip's figures
+    assert "| 0 | 0-1 | +0.400 | 0.30 | 1.50 | - / - | - / - |" in out  # records from before the clip's figures
 
 
 def test_stretches_show_the_clip_by_the_sign_of_the_advantage(tmp_path, capsys):
-    """A stretch's clipped shares are the mean over its trained steps, and the negative share of the gradient is
-    each step's push_neg / (push_pos + push_neg) averaged: (3/4 + 1/2) / 2, not the ratio of the sums (4/6)."""
+    """A stretch's clipped shares are the mean over its trained steps, and the share of each sign's gradient let
+    through is each step's push / adv averaged: (1/2 + 1) / 2 for A > 0, not the ratio of the sums (2/3)."""
     from lrl_lab.experiments.decide import main
 
     steps = [
         {"step": 0, "skipped": 0.0, "mismatch": 0.3, "grad_norm": 1.0, "clip_pos": 0.02, "clip_neg": 0.0,
-         "push_pos": 1.0, "push_neg": 3.0},
+         "push_pos": 1.0, "push_neg": 3.0, "adv_pos": 2.0, "adv_neg": 2.0},
         {"step": 1, "skipped": 0.0, "mismatch": 0.3, "grad_norm": 1.0, "clip_pos": 0.04, "clip_neg": 0.01,
-         "push_pos": 1.0, "push_neg": 1.0},
+         "push_pos": 1.0, "push_neg": 1.0, "adv_pos": 1.0, "adv_neg": 2.0},
         {"step": 2, "skipped": 1.0, "mismatch": 0.3},  # skipped: no update, no clip figures
     ]  # fmt: skip
     run = {"row": "FP8, bypass", "seed": 0, "greedy_first": 0.1, "greedy": 0.0, "sampled": 0.0, "reward": 0.0,
@@ -322,7 +322,7 @@ def test_stretches_show_the_clip_by_the_sign_of_the_advantage(tmp_path, capsys):
     path = tmp_path / "results.jsonl"
     path.write_text(json.dumps(run) + "\n")
     assert main(["--from-results", str(path), "--stretches", "FP8, bypass"]) == 0
-    assert "| 0 | 0-2 | -0.100 | 0.30 | 1.00 | 3.0% / 0.5% | 62.5% |" in capsys.readouterr().out
+    assert "| 0 | 0-2 | -0.100 | 0.30 | 1.00 | 3.0% / 0.5% | 75.0% / 100.0% |" in capsys.readouterr().out
 
 
 def three_rows() -> list[dict]:

@@ -88,7 +88,7 @@ STEP_KEYS = {
     "over_cap": "mismatch/over_cap",
     "loss": "train/loss",
     "grad_norm": "train/grad_norm",
-    **{k: f"train/{k}" for k in ("clip_pos", "clip_neg", "push_pos", "push_neg")},  # the clip, by the advantage's sign
+    **{f"{k}_{s}": f"train/{k}_{s}" for k in ("clip", "push", "adv") for s in ("pos", "neg")},  # by the advantage's sign
     "sample_s": "time/sample",
     "old_logp_s": "time/old_logp",
     "update_s": "time/update",

@@ -233,16 +233,20 @@ def kinds_table(rows: dict, order: list[str]) -> list[str]:
     return lines
 
 
-def with_neg_share(step: dict) -> dict:
-    """A step record with ``neg_share``: the share of the loss's gradient that the tokens of negative advantage
-    carry, push_neg / (push_pos + push_neg), where the step logged both (records from before them: none)."""
-    pos, neg = step.get("push_pos"), step.get("push_neg")
-    return {**step, "neg_share": neg / (pos + neg) if pos is not None and neg is not None and pos + neg > 0 else None}
+def with_through(step: dict) -> dict:
+    """A step record with ``through_pos`` and ``through_neg``: per sign of the advantage, the share of the gradient
+    a ratio of 1 would give that the ratio and the clip let through (push / adv), where the step logged both
+    (records from before them: none)."""
+    def through(sign):
+        push, adv = step.get(f"push_{sign}"), step.get(f"adv_{sign}")
+        return push / adv if push is not None and adv else None
+
+    return {**step, "through_pos": through("pos"), "through_neg": through("neg")}
 
 
 def stretches(run: dict) -> list[dict]:
     """The run between each two of its evaluations: the change of its held-out greedy pass rate, and the mean
-    mismatch, gradient norm, clipped shares and negative share of the gradient (``with_neg_share``) over the steps
+    mismatch, gradient norm, clipped shares and the gradient let through (``with_through``), by sign, over the steps
     of the stretch that trained (from its step records); none for a run that kept no step records."""
     history, evals = run.get("history") or [], run.get("evals") or []
     out = []
@@ -250,8 +254,8 @@ def stretches(run: dict) -> list[dict]:
         steps = [h for h in history if a["step"] <= h["step"] < b["step"] and not h.get("skipped")]
         if not steps:
             continue
-        keys = ("mismatch", "grad_norm", "clip_pos", "clip_neg", "neg_share")
-        mean = {k: [h[k] for h in map(with_neg_share, steps) if h.get(k) is not None] for k in keys}
+        keys = ("mismatch", "grad_norm", "clip_pos", "clip_neg", "through_pos", "through_neg")
+        mean = {k: [h[k] for h in map(with_through, steps) if h.get(k) is not None] for k in keys}
         out.append({"steps": (a["step"], b["step"]), "change": b["pass_rate"] - a["pass_rate"],
                     **{k: sum(v) / len(v) if v else math.nan for k, v in mean.items()}})  # fmt: skip
     return out
@@ -271,10 +275,11 @@ def stretches_table(rows: dict, label: str) -> list[str]:
         return []
     lines = ["", f"**{label}**, run by run between two held-out evaluations (the mean over the steps that trained):",
              "", "| seed | steps | held-out greedy change | mismatch | gradient norm | clip removed, A > 0 / A < 0 "
-             "| A < 0's share of the gradient |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+             "| let through, A > 0 / A < 0 |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for seed, parts in runs.items():
         lines += [f"| {seed} | {p['steps'][0]}-{p['steps'][1] - 1} | {p['change']:+.3f} | {p['mismatch']:.2f} | "
-                  f"{p['grad_norm']:.2f} | {share(p['clip_pos'])} / {share(p['clip_neg'])} | {share(p['neg_share'])} |"
+                  f"{p['grad_norm']:.2f} | {share(p['clip_pos'])} / {share(p['clip_neg'])} | "
+                  f"{share(p['through_pos'])} / {share(p['through_neg'])} |"
                   for p in parts]  # fmt: skip
     later = [p for parts in runs.values() for p in parts[1:]]
     lines.append("")
