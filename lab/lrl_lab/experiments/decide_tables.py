@@ -268,8 +268,9 @@ def share(x: float) -> str:
 
 def stretches_table(rows: dict, label: str) -> list[str]:
     """One row's runs stretch by stretch (between two held-out evaluations): the held-out greedy change beside the
-    mean mismatch and gradient norm of the same steps, then the stretches after each run's first by whether the
-    held-out rate fell, stayed or rose, with the range of their mismatch. Empty where no run kept step records."""
+    mean mismatch, gradient norm, clipped shares and gradient let through by sign (``stretches``) of the same steps,
+    then the stretches after each run's first by whether the held-out rate fell, stayed or rose, with the range of
+    their mismatch. Empty where no run kept step records."""
     runs = {seed: stretches(run) for seed, run in sorted(rows.get(label, {}).items())}
     if not any(runs.values()):
         return []
