@@ -251,13 +251,12 @@ def stretches(run: dict) -> list[dict]:
     history, evals = run.get("history") or [], run.get("evals") or []
     out = []
     for a, b in zip(evals, evals[1:]):
-        steps = [h for h in history if a["step"] <= h["step"] < b["step"] and not h.get("skipped")]
+        steps = [with_through(h) for h in history if a["step"] <= h["step"] < b["step"] and not h.get("skipped")]
         if not steps:
             continue
         keys = ("mismatch", "grad_norm", "clip_pos", "clip_neg", "through_pos", "through_neg")
-        mean = {k: [h[k] for h in map(with_through, steps) if h.get(k) is not None] for k in keys}
         out.append({"steps": (a["step"], b["step"]), "change": b["pass_rate"] - a["pass_rate"],
-                    **{k: sum(v) / len(v) if v else math.nan for k, v in mean.items()}})  # fmt: skip
+                    **{k: measured_mean([h.get(k) for h in steps], math.nan) for k in keys}})  # fmt: skip
     return out
 
 
