@@ -138,7 +138,8 @@ def _batch_rules(batch: BatchOptions, run: RunOptions) -> list[str]:
 
 
 def _loss_rules(update: UpdateOptions, weighting: WeightingOptions) -> list[str]:
-    """The loss, the proximal policy and the correction fit together: pg has no ratio to a proximal policy; under
+    """The loss, the proximal policy and the correction fit together: pg has no ratio to a proximal policy; the dual
+    clip lies above the upper clip; under
     proximal rollout the clipped and CISPO losses' own ratio pi / mu is the correction (a weight on top would count
     it twice); a correction that reads the whole batch needs every row's pi_old before the first minibatch's loss."""
     from lrl.weights import whole_batch
@@ -154,6 +155,11 @@ def _loss_rules(update: UpdateOptions, weighting: WeightingOptions) -> list[str]
             f"correction: with proximal rollout the {update.loss} loss's own ratio pi / mu carries the correction, and "
             f"{weighting.correction!r} weights on top would count it twice; use loss pg (whose weights are the "
             "correction), proximal recompute, or a mask"
+        )
+    if update.dual_clip and update.dual_clip <= 1.0 + update.eps_high:
+        problems.append(
+            f"dual_clip: {update.dual_clip} must be above the upper clip 1 + eps_high = {1.0 + update.eps_high} "
+            "(a negative-advantage token's ratio past it loses its gradient), or 0 for off"
         )
     batch = whole_batch(weighting)
     if batch and update.proximal != "recompute":

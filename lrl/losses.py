@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from lrl.sections.training import LOSSES
+from lrl.sections.training import LOSSES, UpdateOptions
 
 # every loss's statistics: clip_frac and approx_kl, and per sign of the advantage the share of action tokens whose
 # gradient the loss removed (clip_pos, clip_neg), the gradient the others carry (push_pos, push_neg: sum |c_t| / n
@@ -54,8 +54,12 @@ def clipped_policy_loss(
     mask: torch.Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
+    dual_clip: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """-min(rho A, clip(rho, 1-eps_low, 1+eps_high) A) summed over tokens / number of action tokens.
+
+    ``dual_clip`` C (0: off; else above 1 + eps_high): a token with A < 0 and rho > C has its loss capped at C |A|,
+    so it loses its gradient, where the plain clipped loss would push it down with the whole, unbounded rho.
 
     All inputs [B, T]. ``token_adv`` is the per-token advantage (the decoupled loss passes ``w * A``), so
     importance weights enter without touching this function. The denominator is ``mask.sum()``, the count of
@@ -66,13 +70,14 @@ def clipped_policy_loss(
     log_ratio = torch.where(mask.bool(), logp - old_logp, 0.0)  # [B, T], 0 off the actions
     ratio = log_ratio.exp()  # [B, T], 1 off the actions
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    per_token = -torch.minimum(ratio * token_adv, clipped * token_adv) * mask
+    per_token = -torch.minimum(ratio * token_adv, clipped * token_adv)
+    capped = (ratio > dual_clip) & (token_adv < 0) if dual_clip else torch.zeros_like(mask, dtype=torch.bool)
+    per_token = torch.where(capped, -dual_clip * token_adv, per_token) * mask
     n = mask.sum().clamp(min=1.0)
     loss = per_token.sum() / n
     with torch.no_grad():
-        was_clipped = ((ratio < 1.0 - eps_low) & (token_adv < 0)) | (
-            (ratio > 1.0 + eps_high) & (token_adv > 0)
-        )
+        was_clipped = ((ratio < 1.0 - eps_low) & (token_adv < 0)) | ((ratio > 1.0 + eps_high) & (token_adv > 0))
+        was_clipped |= capped
         stats = {
             "clip_frac": (was_clipped.float() * mask).sum() / n,
             "approx_kl": (((ratio - 1) - log_ratio) * mask).sum() / n,  # k3 estimator of KL(old||new)
@@ -147,14 +152,12 @@ def _by_sign(coef, token_adv, mask, removed) -> dict[str, torch.Tensor]:
         }
 
 
-def policy_loss(
-    kind: str, logp, old_logp, token_adv, mask, eps_low: float = 0.2, eps_high: float = 0.28
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss named by `kind` (``LOSSES``): clipped, pg or cispo -> (loss [], statistics)."""
-    if kind == "clipped":
-        return clipped_policy_loss(logp, old_logp, token_adv, mask, eps_low, eps_high)
-    if kind == "pg":
+def policy_loss(opts: UpdateOptions, logp, old_logp, token_adv, mask) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss `opts.loss` names (``LOSSES``: clipped, pg or cispo), with its clip settings -> (loss [], statistics)."""
+    if opts.loss == "clipped":
+        return clipped_policy_loss(logp, old_logp, token_adv, mask, opts.eps_low, opts.eps_high, opts.dual_clip)
+    if opts.loss == "pg":
         return pg_policy_loss(logp, old_logp, token_adv, mask)
-    if kind == "cispo":
-        return cispo_policy_loss(logp, old_logp, token_adv, mask, eps_high)
-    raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {kind!r}")
+    if opts.loss == "cispo":
+        return cispo_policy_loss(logp, old_logp, token_adv, mask, opts.eps_high)
+    raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {opts.loss!r}")

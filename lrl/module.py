@@ -283,7 +283,7 @@ class OffPolicyModule(L.LightningModule):
                 }
             else:
                 old_logp, token_adv = mb.old_logp[rows], mb.token_adv[rows]
-            loss, st = policy_loss(opts.loss, logp, old_logp, token_adv, mask, opts.eps_low, opts.eps_high)
+            loss, st = policy_loss(opts, logp, old_logp, token_adv, mask)
             entropy = (ent * mask).sum() / mask.sum().clamp(min=1.0)
             if opts.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
                 loss = loss - opts.entropy_coef * entropy

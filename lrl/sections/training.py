@@ -53,6 +53,13 @@ class UpdateOptions:
     minibatches: int = option(4, "shuffled minibatch updates per sampled batch", gt=0, le=MAX_INT)
     eps_low: float = option(0.2, "lower clip of the ratio pi/pi_old (1 - eps_low)", ge=0, lt=1)
     eps_high: float = option(0.28, "upper clip of the ratio pi/pi_old (1 + eps_high)", ge=0, lt=1)
+    dual_clip: float = option(
+        0.0,
+        "the clipped loss's dual clip: a negative-advantage token whose ratio pi/pi_prox is above this loses its "
+        "gradient (its loss capped at dual_clip * |A|); 0: off, else above 1 + eps_high (verl's clip_ratio_c: 3)",
+        ge=0,
+        when={"loss": "clipped"},
+    )
     max_grad_norm: float = option(1.0, "gradient-norm clip", gt=0)
     adam_eps: float = option(
         1e-5,

@@ -208,6 +208,8 @@ def test_which_choices_need_the_whole_batch_first():
         (dict(masks=["kl"], kl_estimator="k1", kl_level="seq_max"), "k1 is signed"),
         (dict(kl_threshold=0.2), r"kl_threshold: 0.2 is not used by masks \[\]"),
         (dict(opsm_threshold=0.2, masks=["kl"]), "opsm_threshold: 0.2 is not used"),
+        (dict(dual_clip=1.2), r"dual_clip: 1.2 must be above the upper clip 1 \+ eps_high = 1.28"),
+        (dict(dual_clip=3.0, loss="cispo"), "dual_clip: 3.0 is not used with loss: cispo"),
     ],
 )
 def test_choices_that_do_not_fit_together_are_config_errors(kw, words):

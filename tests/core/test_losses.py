@@ -81,7 +81,7 @@ def test_at_a_ratio_of_one_the_three_losses_take_the_same_gradient():
     for kind in ("clipped", "pg", "cispo"):
         logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
         adv, mask = (torch.tensor(x, dtype=torch.float64) for x in (ADV, MASK))
-        loss, _ = policy_loss(kind, logp, logp.detach(), adv, mask, 0.2, 0.28)
+        loss, _ = policy_loss(Config(loss=kind).update, logp, logp.detach(), adv, mask)
         loss.backward()
         grads[kind] = logp.grad
     want = torch.tensor([[-ADV[b][t] * MASK[b][t] / 7 for t in range(4)] for b in range(2)], dtype=torch.float64)
@@ -91,7 +91,7 @@ def test_at_a_ratio_of_one_the_three_losses_take_the_same_gradient():
     apart = {}
     for kind in ("clipped", "cispo"):
         logp, old, adv, mask = leaf()
-        policy_loss(kind, logp, old, adv, mask, 0.2, 0.28)[0].backward()
+        policy_loss(Config(loss=kind).update, logp, old, adv, mask)[0].backward()
         apart[kind] = logp.grad
     assert not torch.allclose(apart["clipped"], apart["cispo"])
 
@@ -111,12 +111,13 @@ def test_the_clip_by_sign_of_the_advantage_by_hand():
     assert stats["adv_neg"].item() == pytest.approx(4 * 1.0 / n)
 
 
-@pytest.mark.parametrize("kind", ["clipped", "pg", "cispo"])
+@pytest.mark.parametrize("kind", ["clipped", "pg", "cispo", "dual clip"])
 def test_the_push_of_each_sign_is_the_gradient_the_loss_takes(kind):
     """push_pos and push_neg are the summed |d loss / d log pi| on the tokens of that sign, as autograd computes it;
     clip_pos and clip_neg count the tokens of that sign whose gradient is 0."""
     logp, old, adv, mask = leaf()
-    loss, stats = policy_loss(kind, logp, old, adv, mask, 0.2, 0.28)
+    opts = Config(dual_clip=3.0).update if kind == "dual clip" else Config(loss=kind).update
+    loss, stats = policy_loss(opts, logp, old, adv, mask)
     loss.backward()
     on = mask.bool()
     for sign, pick in (("pos", on & (adv > 0)), ("neg", on & (adv < 0))):
@@ -128,11 +129,35 @@ def test_the_push_of_each_sign_is_the_gradient_the_loss_takes(kind):
 
 def test_policy_loss_dispatches_and_refuses_unknown_names():
     logp, old, adv, mask = leaf()
-    a, _ = policy_loss("clipped", logp, old, adv, mask, 0.2, 0.28)
-    b, _ = clipped_policy_loss(logp, old, adv, mask, 0.2, 0.28)
+    opts = Config(eps_low=0.1, eps_high=0.3, dual_clip=2.0).update
+    a, _ = policy_loss(opts, logp, old, adv, mask)
+    b, _ = clipped_policy_loss(logp, old, adv, mask, 0.1, 0.3, 2.0)
     assert a.item() == b.item()
+    assert a.item() != clipped_policy_loss(logp, old, adv, mask, 0.1, 0.3)[0].item()  # the dual clip reached it
+    opts.loss = "ppo"
     with pytest.raises(ValueError, match="loss must be"):
-        policy_loss("ppo", logp, old, adv, mask)
+        policy_loss(opts, logp, old, adv, mask)
+
+
+def test_the_dual_clip_by_hand():
+    """Row 1 of the reference tensors (A = -1) holds ratios e^-2, 1, e^0.1 and e^3.9 (49.4): a dual clip at 3 caps
+    the last one's loss at 3 |A| and takes its gradient away; the other tokens, and row 0 (A > 0), keep the
+    clipped loss's values and gradients. Off (0), it is the clipped loss exactly."""
+    grads = {}
+    for c in (0.0, 3.0):
+        logp, old, adv, mask = leaf()
+        loss, stats = clipped_policy_loss(logp, old, adv, mask, 0.2, 0.28, c)
+        loss.backward()
+        grads[c] = (loss.item(), logp.grad.clone(), stats)
+    (plain, g0, s0), (dual, g3, s3) = grads[0.0], grads[3.0]
+    assert dual == pytest.approx(plain - (math.exp(3.9) - 3.0) / 7)
+    assert g3[1, 3].item() == 0.0 and g0[1, 3].item() == pytest.approx(math.exp(3.9) / 7)
+    keep = torch.ones_like(g0, dtype=torch.bool)
+    keep[1, 3] = False
+    assert torch.equal(g3[keep], g0[keep])
+    assert s3["clip_neg"].item() == pytest.approx(2 / 7) and s0["clip_neg"].item() == pytest.approx(1 / 7)
+    assert s3["push_neg"].item() == pytest.approx((1 + math.exp(0.1)) / 7)
+    assert s3["clip_frac"].item() == pytest.approx(3 / 7) and s0["clip_frac"].item() == pytest.approx(2 / 7)
 
 
 def test_interpolation_weight_by_hand():
