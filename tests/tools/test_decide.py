@@ -306,7 +306,8 @@ def test_stretches_between_evaluations_pair_the_held_out_change_with_the_mismatc
 
 def test_stretches_show_the_clip_by_the_sign_of_the_advantage(tmp_path, capsys):
     """A stretch's clipped shares are the mean over its trained steps, and the share of each sign's gradient let
-    through is each step's push / adv averaged: (1/2 + 1) / 2 for A > 0, not the ratio of the sums (2/3)."""
+    through is each step's push / adv averaged: (1/2 + 1) / 2 for A > 0, not the ratio of the sums (2/3); so is the
+    negative advantages' weight against the positive ones' (adv_neg / adv_pos: (1 + 2) / 2)."""
     from lrl_lab.experiments.decide import main
 
     steps = [
@@ -322,7 +323,7 @@ def test_stretches_show_the_clip_by_the_sign_of_the_advantage(tmp_path, capsys):
     path = tmp_path / "results.jsonl"
     path.write_text(json.dumps(run) + "\n")
     assert main(["--from-results", str(path), "--stretches", "FP8, bypass"]) == 0
-    assert "| 0 | 0-2 | -0.100 | 0.30 | 1.00 | 3.0% / 0.5% | 75.0% / 100.0% |" in capsys.readouterr().out
+    assert "| 0 | 0-2 | -0.100 | 0.30 | 1.00 | 3.0% / 0.5% | 75.0% / 100.0% | 1.50 |" in capsys.readouterr().out
 
 
 def three_rows() -> list[dict]:

@@ -236,25 +236,30 @@ def kinds_table(rows: dict, order: list[str]) -> list[str]:
 def with_through(step: dict) -> dict:
     """A step record with ``through_pos`` and ``through_neg``: per sign of the advantage, the share of the gradient
     a ratio of 1 would give that the ratio and the clip let through (push / adv), where the step logged both
-    (records from before them: none)."""
+    (records from before them: none); and ``balance``, adv_neg / adv_pos, the negative advantages' weight the step
+    carried against the positive ones' (near 1 where nothing drops episodes of one sign: a group's advantages sum
+    to 0; a mask that drops negative episodes lowers it)."""
     def through(sign):
         push, adv = step.get(f"push_{sign}"), step.get(f"adv_{sign}")
         return push / adv if push is not None and adv else None
 
-    return {**step, "through_pos": through("pos"), "through_neg": through("neg")}
+    pos, neg = step.get("adv_pos"), step.get("adv_neg")
+    balance = neg / pos if neg is not None and pos else None
+    return {**step, "through_pos": through("pos"), "through_neg": through("neg"), "balance": balance}
 
 
 def stretches(run: dict) -> list[dict]:
     """The run between each two of its evaluations: the change of its held-out greedy pass rate, and the mean
-    mismatch, gradient norm, clipped shares and the gradient let through (``with_through``), by sign, over the steps
-    of the stretch that trained (from its step records); none for a run that kept no step records."""
+    mismatch, gradient norm, clipped shares, the gradient let through by sign and the balance of the signs
+    (``with_through``), over the steps of the stretch that trained (from its step records); none for a run that kept
+    no step records."""
     history, evals = run.get("history") or [], run.get("evals") or []
     out = []
     for a, b in zip(evals, evals[1:]):
         steps = [with_through(h) for h in history if a["step"] <= h["step"] < b["step"] and not h.get("skipped")]
         if not steps:
             continue
-        keys = ("mismatch", "grad_norm", "clip_pos", "clip_neg", "through_pos", "through_neg")
+        keys = ("mismatch", "grad_norm", "clip_pos", "clip_neg", "through_pos", "through_neg", "balance")
         out.append({"steps": (a["step"], b["step"]), "change": b["pass_rate"] - a["pass_rate"],
                     **{k: measured_mean([h.get(k) for h in steps], math.nan) for k in keys}})  # fmt: skip
     return out
@@ -265,21 +270,28 @@ def share(x: float) -> str:
     return "-" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
+def ratio(x: float) -> str:
+    """A ratio to two places; "-" where the records did not measure it."""
+    return "-" if math.isnan(x) else f"{x:.2f}"
+
+
 def stretches_table(rows: dict, label: str) -> list[str]:
     """One row's runs stretch by stretch (between two held-out evaluations): the held-out greedy change beside the
-    mean mismatch, gradient norm, clipped shares and gradient let through by sign (``stretches``) of the same steps,
-    then the stretches after each run's first by whether the held-out rate fell, stayed or rose, with the range of
-    their mismatch. Empty where no run kept step records."""
+    mean mismatch, gradient norm, clipped shares, gradient let through by sign and the negative advantages' weight
+    against the positive ones' (``stretches``) of the same steps, then the stretches after each run's first by
+    whether the held-out rate fell, stayed or rose, with the range of their mismatch. Empty where no run kept step
+    records."""
     runs = {seed: stretches(run) for seed, run in sorted(rows.get(label, {}).items())}
     if not any(runs.values()):
         return []
     lines = ["", f"**{label}**, run by run between two held-out evaluations (the mean over the steps that trained):",
              "", "| seed | steps | held-out greedy change | mismatch | gradient norm | clip removed, A > 0 / A < 0 "
-             "| let through, A > 0 / A < 0 |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+             "| let through, A > 0 / A < 0 | weight of A < 0 against A > 0 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for seed, parts in runs.items():
         lines += [f"| {seed} | {p['steps'][0]}-{p['steps'][1] - 1} | {p['change']:+.3f} | {p['mismatch']:.2f} | "
                   f"{p['grad_norm']:.2f} | {share(p['clip_pos'])} / {share(p['clip_neg'])} | "
-                  f"{share(p['through_pos'])} / {share(p['through_neg'])} |"
+                  f"{share(p['through_pos'])} / {share(p['through_neg'])} | {ratio(p['balance'])} |"
                   for p in parts]  # fmt: skip
     later = [p for parts in runs.values() for p in parts[1:]]
     lines.append("")
