@@ -394,3 +394,16 @@ def test_without_matplotlib_the_figure_is_one_line_and_the_tables_stand(tmp_path
     assert line.startswith("figure not drawn: matplotlib is not installed (pip install matplotlib)")
     assert not (tmp_path / "rows.png").exists()
 
+
+
+def test_the_step_records_keep_what_each_mask_dropped():
+    """A step's figures in results.jsonl: the named metrics under their short names, each rule's dropped shares
+    without the ``offpolicy/`` prefix, and nothing else the step logged."""
+    from lrl_lab.experiments.decide_tables import step_figures
+
+    logged = {"step": 3, "train/reward": 0.25, "train/clip_neg": 0.02, "mismatch/abs_mean": 0.3,
+              "offpolicy/dropped_tokens/opsm": 0.19, "offpolicy/dropped_seqs/opsm": 0.25,
+              "offpolicy/dropped_tokens/kl": 0.17, "offpolicy/ess": 0.8, "time/update": 4.0}  # fmt: skip
+    assert step_figures(logged) == {"step": 3, "reward": 0.25, "clip_neg": 0.02, "mismatch": 0.3, "update_s": 4.0,
+                                    "dropped_tokens/opsm": 0.19, "dropped_seqs/opsm": 0.25,
+                                    "dropped_tokens/kl": 0.17}  # fmt: skip

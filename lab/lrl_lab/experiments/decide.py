@@ -14,7 +14,8 @@ evaluation, its held-out pass rate sampled (``--samples`` episodes a problem at 
 after training: a finer measure than one greedy answer a problem, which saturates on an easy task and drowns in
 noise on 64), its mean training reward over the run, the mismatch, the share over the TIS cap, the steps skipped,
 the batches redrawn (``--redraw-flat``) and its wall time (model loading included; the evaluation after it not),
-and step by step its reward, skipped flag, action tokens, mismatch, loss, gradient norm and phase times; which
+and step by step its reward, skipped flag, action tokens, mismatch, loss, gradient norm, the clip by the sign of the
+advantage, what each mask dropped and phase times (decide_tables.step_figures); which
 held-out problems each evaluation passed, so that a pass rate can be read by kind of problem (calc's plain questions
 and stories), in a table of its own; and where it ran: the machine, the arithmetic, torch and lrl's commit. One
 seed computes other numbers on another processor (bf16 where it is native, fp32 elsewhere), so a results file keeps
@@ -77,22 +78,8 @@ PRESETS = {
     },
     "fast": {"on-policy": "", "lag 8": "--sampler lagged --lag 8"},  # a pilot's two rows
 }
-# what results.jsonl keeps of each step of a run: where a row's time went, and the first step at which two runs of
-# the same flags and seed part (the loss and the gradient norm, at full precision)
-STEP_KEYS = {
-    "step": "step",
-    "reward": "train/reward",
-    "skipped": "train/skipped",
-    "action_tokens": "train/action_tokens",
-    "mismatch": "mismatch/abs_mean",
-    "over_cap": "mismatch/over_cap",
-    "loss": "train/loss",
-    "grad_norm": "train/grad_norm",
-    **{f"{k}_{s}": f"train/{k}_{s}" for k in ("clip", "push", "adv") for s in ("pos", "neg")},  # by the advantage's sign
-    "sample_s": "time/sample",
-    "old_logp_s": "time/old_logp",
-    "update_s": "time/update",
-}
+
+
 # -- one run ------------------------------------------------------------------------------------------------------
 def one_run(cell: tuple) -> dict:
     """Train one (row, seed) with the shared flags -> its figures (the module docstring lists them)."""
@@ -107,7 +94,7 @@ def one_run(cell: tuple) -> dict:
     from lrl.precision import autocast
     from lrl.run import build_run, fit
     from lrl.streams import EVALUATION, stream_seed
-    from lrl_lab.experiments.decide_tables import measured_mean
+    from lrl_lab.experiments.decide_tables import measured_mean, step_figures
 
     start = time.time()
     cfg = parse_args(run_argv(flags, row_flags, seed, threads))
@@ -146,7 +133,7 @@ def one_run(cell: tuple) -> dict:
         "evals": [{"step": e["step"], "pass_rate": e["pass_rate"], "solved": solved(e)} for e in evals],
         "kinds": kinds,
         "sampled_tasks": sampled_tasks,
-        "history": [{name: h[key] for name, key in STEP_KEYS.items() if key in h} for h in hist],
+        "history": [step_figures(h) for h in hist],
         **provenance(run.module.precision, str(run.module.device)),
     }
 

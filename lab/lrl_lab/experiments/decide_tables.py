@@ -14,6 +14,32 @@ METRICS = {
     "greedy": "held-out, greedy",
     "reward": "training reward",
 }
+# what results.jsonl keeps of each step of a run: where a row's time went, and the first step at which two runs of
+# the same flags and seed part (the loss and the gradient norm, at full precision)
+STEP_KEYS = {
+    "step": "step",
+    "reward": "train/reward",
+    "skipped": "train/skipped",
+    "action_tokens": "train/action_tokens",
+    "mismatch": "mismatch/abs_mean",
+    "over_cap": "mismatch/over_cap",
+    "loss": "train/loss",
+    "grad_norm": "train/grad_norm",
+    **{f"{k}_{s}": f"train/{k}_{s}" for k in ("clip", "push", "adv") for s in ("pos", "neg")},  # by the advantage's sign
+    "sample_s": "time/sample",
+    "old_logp_s": "time/old_logp",
+    "update_s": "time/update",
+}
+
+
+def step_figures(logged: dict) -> dict:
+    """What results.jsonl keeps of one step's logged metrics: the ``STEP_KEYS``, under their short names, and the
+    shares of action tokens and of whole episodes each rule of the correction dropped (lrl.metrics'
+    ``offpolicy/dropped_tokens/<rule>`` and ``offpolicy/dropped_seqs/<rule>``, kept without ``offpolicy/``)."""
+    kept = {name: logged[key] for name, key in STEP_KEYS.items() if key in logged}
+    return kept | {k.removeprefix("offpolicy/"): v for k, v in logged.items() if k.startswith("offpolicy/dropped_")}
+
+
 # the chapter's conclusions as (claim, row a, row b, the sign a - b has where the claim holds)
 CLAIMS = [
     ("staleness costs (lag 8 below on-policy)", "lag 8", "on-policy", -1),
@@ -25,7 +51,6 @@ CLAIMS = [
     ("TIS recovers what lag 4 costs", "lag 4, TIS", "lag 4", +1),
     ("MIS recovers what lag 8 costs", "lag 8, MIS", "lag 8", +1),
 ]
-
 
 
 # -- statistics -------------------------------------------------------------------------------------------------
