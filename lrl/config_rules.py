@@ -139,9 +139,9 @@ def _batch_rules(batch: BatchOptions, run: RunOptions) -> list[str]:
 
 def _loss_rules(update: UpdateOptions, weighting: WeightingOptions) -> list[str]:
     """The loss, the proximal policy and the correction fit together: pg has no ratio to a proximal policy; the dual
-    clip lies above the upper clip; under
-    proximal rollout the clipped and CISPO losses' own ratio pi / mu is the correction (a weight on top would count
-    it twice); a correction that reads the whole batch needs every row's pi_old before the first minibatch's loss."""
+    clip lies above the upper clip; under proximal rollout the clipped and CISPO losses' own ratio pi / mu is the
+    correction (a weight on top would count it twice); a correction that reads the whole batch needs every row's
+    pi_old before the first minibatch's loss."""
     from lrl.weights import whole_batch
 
     problems = []
