@@ -71,13 +71,16 @@ def clipped_policy_loss(
     ratio = log_ratio.exp()  # [B, T], 1 off the actions
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = -torch.minimum(ratio * token_adv, clipped * token_adv)
-    capped = (ratio > dual_clip) & (token_adv < 0) if dual_clip else torch.zeros_like(mask, dtype=torch.bool)
-    per_token = torch.where(capped, -dual_clip * token_adv, per_token) * mask
+    capped = (ratio > dual_clip) & (token_adv < 0) if dual_clip else None  # no work where the dual clip is off
+    if capped is not None:
+        per_token = torch.where(capped, -dual_clip * token_adv, per_token)
+    per_token = per_token * mask
     n = mask.sum().clamp(min=1.0)
     loss = per_token.sum() / n
     with torch.no_grad():
         was_clipped = ((ratio < 1.0 - eps_low) & (token_adv < 0)) | ((ratio > 1.0 + eps_high) & (token_adv > 0))
-        was_clipped |= capped
+        if capped is not None:
+            was_clipped |= capped
         stats = {
             "clip_frac": (was_clipped.float() * mask).sum() / n,
             "approx_kl": (((ratio - 1) - log_ratio) * mask).sum() / n,  # k3 estimator of KL(old||new)

@@ -264,13 +264,12 @@ def with_through(step: dict) -> dict:
     (records from before them: none); and ``balance``, adv_neg / adv_pos, the negative advantages' weight the step
     carried against the positive ones' (near 1 where nothing drops episodes of one sign: a group's advantages sum
     to 0; a mask that drops negative episodes lowers it)."""
-    def through(sign):
-        push, adv = step.get(f"push_{sign}"), step.get(f"adv_{sign}")
-        return push / adv if push is not None and adv else None
+    def over(num, den):
+        a, b = step.get(num), step.get(den)
+        return a / b if a is not None and b else None
 
-    pos, neg = step.get("adv_pos"), step.get("adv_neg")
-    balance = neg / pos if neg is not None and pos else None
-    return {**step, "through_pos": through("pos"), "through_neg": through("neg"), "balance": balance}
+    return {**step, "through_pos": over("push_pos", "adv_pos"), "through_neg": over("push_neg", "adv_neg"),
+            "balance": over("adv_neg", "adv_pos")}  # fmt: skip
 
 
 def stretches(run: dict) -> list[dict]:
