@@ -21,6 +21,12 @@ from lrl.sections.training import LOSSES, UpdateOptions
 # the clip let through
 LOSS_STATS = ("clip_frac", "approx_kl", "clip_pos", "clip_neg", "push_pos", "push_neg", "adv_pos", "adv_neg")
 
+# the clipped loss bounds each log-ratio to +-20 nats before it exponentiates it (a ratio of 4.9e8 at most), so no
+# token can make the loss or its gradient infinite; a token past the bound has no gradient: mostly one the clip
+# removes anyway; a negative advantage's above e^20 costs e^20 |A| (where it would cost inf), and a positive one's
+# below e^-20 would have pushed with a coefficient under 2.1e-9 |A|
+LOG_RATIO_BOUND = 20.0
+
 
 def group_advantages(
     reward: torch.Tensor,
@@ -64,10 +70,12 @@ def clipped_policy_loss(
     All inputs [B, T]. ``token_adv`` is the per-token advantage (the decoupled loss passes ``w * A``), so
     importance weights enter without touching this function. The denominator is ``mask.sum()``, the count of
     action tokens before any weight zeroes some of them, so masking does not inflate the remaining gradient.
-    The log-ratio is masked before it is exponentiated: a huge log-ratio at a padding or observation position
-    would otherwise give inf * 0 = NaN.
+    The log-ratio is masked before it is exponentiated (a huge log-ratio at a padding or observation position
+    would otherwise give inf * 0 = NaN) and bounded to +-``LOG_RATIO_BOUND``, so the loss and its gradient are
+    finite whatever the log-ratio.
     """
     log_ratio = torch.where(mask.bool(), logp - old_logp, 0.0)  # [B, T], 0 off the actions
+    log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = log_ratio.exp()  # [B, T], 1 off the actions
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = -torch.minimum(ratio * token_adv, clipped * token_adv)

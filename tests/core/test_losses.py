@@ -73,6 +73,23 @@ def test_cispo_is_finite_at_any_log_ratio():
     assert logp.grad[0, 0].item() == pytest.approx(-1.28 / 2)
 
 
+@pytest.mark.parametrize("dual_clip", [0.0, 3.0])
+def test_the_clipped_loss_is_finite_at_any_log_ratio(dual_clip):
+    """Log-ratios of +-400 nats on both signs of the advantage (past what float32 exponentiates): the loss and every
+    gradient are finite. Past the bound no token has a gradient: the A > 0 token at +400 and the A < 0 one at -400
+    are clipped, the A > 0 one at -400 costs -e^-20 A, the A < 0 one at +400 costs e^20 |A| (C |A| under the dual
+    clip); the token at ratio 1 keeps its gradient -A / n."""
+    logp = torch.tensor([[400.0, -400.0, 400.0, -400.0, 0.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 1.0]])
+    loss, stats = clipped_policy_loss(logp, torch.zeros(1, 5), adv, torch.ones(1, 5), 0.2, 0.28, dual_clip)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    top = dual_clip or math.exp(20.0)
+    assert loss.item() == pytest.approx((-1.28 - math.exp(-20.0) + top + 0.8 - 1.0) / 5, rel=1e-6)
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, 0.0, 0.0, -1 / 5], rel=1e-6)
+    assert all(torch.isfinite(v) for v in stats.values())
+
+
 def test_at_a_ratio_of_one_the_three_losses_take_the_same_gradient():
     """One minibatch under recompute scores pi_prox with the update's own forward (rho = 1 on every token): there
     the clipped, pg and CISPO losses differ in value but not in gradient, w A / n each, so a run that changes only
