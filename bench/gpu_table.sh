@@ -12,7 +12,7 @@
 #   ROWS='"on-policy=" "lag 8=--sampler lagged --lag 8"' bash bench/gpu_table.sh     # rows of your own (LABEL=FLAGS)
 #
 # Output in $OUT (default results/gpu_table): results.jsonl, table.md, plot.png (where matplotlib is installed),
-# gpu.txt (the device) and gpu_use.csv (its use every 10 s).
+# gpu.txt (the device) and gpu_use.csv (its use every 10 s). ACCELERATOR=cpu runs the same on the CPU (the tests do).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu_table}
@@ -43,3 +43,4 @@ status=$?
 if [[ -s $OUT/results.jsonl ]]; then
   python -m lrl_lab.experiments.decide --from-results "$OUT/results.jsonl" > "$OUT/table.md" && cat "$OUT/table.md"
 fi
+exit "$status"  # decide's: 0 when every run finished, 124 at the deadline, else a run or a row failed
