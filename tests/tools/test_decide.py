@@ -19,6 +19,7 @@ from lrl_lab.experiments.decide_tables import (
     verdict,
     wilson,
 )
+from lrl_lab.experiments.records import code_fingerprint
 
 
 def test_the_interval_is_students_t_over_the_seeds():
@@ -239,6 +240,10 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the figure beside the table
     assert (r["machine"], r["precision"]) == (machine_name("cpu"), "fp32")  # a 153k-parameter policy: fp32 anywhere
     assert r["torch"] == torch.__version__ and r["commit"]
+    # what made it, whole: the flags of every run, the configuration they resolved to, the training code
+    assert r["shared_flags"] == "--env tinyagent --max-steps 3" and r["argv"][:4] == ["--env", "tinyagent", "--max-steps", "3"]
+    assert (r["settings"]["env"], r["settings"]["max_steps"], r["settings"]["lr"]) == ("tinyagent", 3, 1e-3)
+    assert "seed" not in r["settings"] and r["code"] == code_fingerprint() and len(r["code"]) == 16
     assert f"- 1 run(s) on {r['machine']}, fp32, torch {r['torch']}, at {r['commit']}" in table
     header, again, _, body = table.split("\n", 3)  # the command its header names prints the same tables
     assert header == "train.py flags of every run: --env tinyagent --max-steps 3"

@@ -22,8 +22,14 @@ seed computes other numbers on another processor (bf16 where it is native, fp32 
 one machine's runs: the command refuses to add runs of another, and the tables name where their runs come from.
 
 Runs go ``--jobs`` at a time, each with ``--threads`` torch threads; each finished run is appended to
-``results.jsonl`` in ``--out``, and the command started again skips the runs the file holds, so a crash costs one
-run. Before any run, every row is checked as its runs would be (flags, model, environment, memory plan) and so is
+``results.jsonl`` in ``--out`` as one whole line (records.py), with everything that made it: the flags of every run
+and the row's, the configuration they resolve to, the machine and the training code's fingerprint. The command
+started again skips the runs the file holds of the same setting, and refuses, naming it, a run of a row's label and
+seed made otherwise (another label, or another ``--out``, keeps both); a line that does not read is named and
+skipped, so a crash costs one run. Ctrl-C, SIGTERM or SIGHUP end the runs in flight at once, in one line; every
+finished run is kept. The tables pool, for each row, the runs of one setting, and name the runs they leave out (of
+other flags, another machine, or a seed run again). Before any run, the command's numbers, ``--out`` and ``--plot``
+(made and written to), every seed, and every row are checked as its runs would be (flags, model, environment, memory plan) and so is
 ``--jobs`` of the costliest side by side against the machine's memory (a lagged sampler keeps lag + 1 copies of the
 weights: about 12 GiB a run for SmolLM2 at lag 8); a problem is named and nothing runs. A run that fails later (a
 step that diverges) is named in one line and the others go on, and so is a run the kernel kills, with advice to
@@ -46,38 +52,34 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import shlex
+import signal
 import sys
+import tempfile
 import time
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from itertools import accumulate
 from pathlib import Path
 
 from lrl.cli import OneLineParser
-from lrl.pipeline.backends.spawn import die_with_parent
-from lrl_lab.experiments.decide_plot import FORMATS, figure_line
+from lrl_lab.experiments import records
+from lrl_lab.experiments.decide_checks import (  # noqa: F401 - check_rows, parse_rows and run_argv: decide's too
+    MAX_INT,
+    PRESETS,
+    check_numbers,
+    check_plot,
+    check_rows,
+    machine_name,
+    parse_rows,
+    planned,
+    run_argv,
+    table_options,
+    writable_folder,
+)
+from lrl_lab.experiments.decide_plot import figure_line
 from lrl_lab.experiments.decide_tables import METRICS, by_row, markdown, provenance_lines, stretches_table
-
-PRESETS = {
-    "core": {
-        "on-policy": "",
-        "lag 8": "--sampler lagged --lag 8",
-        "lag 8, TIS": "--sampler lagged --lag 8 --correction tis",
-        "FP8": "--sampler fp8",
-        "FP8, TIS": "--sampler fp8 --correction tis",
-        "FP8, MIS": "--sampler fp8 --correction mis",
-    },
-    "wider": {
-        "lag 4": "--sampler lagged --lag 4",
-        "lag 4, TIS": "--sampler lagged --lag 4 --correction tis",
-        "lag 8, MIS": "--sampler lagged --lag 8 --correction mis",
-    },
-    "fast": {"on-policy": "", "lag 8": "--sampler lagged --lag 8"},  # a pilot's two rows
-}
+from lrl_lab.experiments.runner import Stopped, each_in_its_own_process, stop_on_signals
 
 
 # -- one run ------------------------------------------------------------------------------------------------------
@@ -95,9 +97,11 @@ def one_run(cell: tuple) -> dict:
     from lrl.run import build_run, fit
     from lrl.streams import EVALUATION, stream_seed
     from lrl_lab.experiments.decide_tables import measured_mean, step_figures
+    from lrl_lab.experiments.records import code_fingerprint, settings
 
     start = time.time()
-    cfg = parse_args(run_argv(flags, row_flags, seed, threads))
+    argv = run_argv(flags, row_flags, seed, threads)
+    cfg = parse_args(argv)
     run = build_run(cfg, logger=False, callbacks=None)
     result = fit(run)
     wall = time.time() - start
@@ -134,22 +138,13 @@ def one_run(cell: tuple) -> dict:
         "kinds": kinds,
         "sampled_tasks": sampled_tasks,
         "history": [step_figures(h) for h in hist],
+        # what made the run (records.py pools only runs that agree on it)
+        "shared_flags": shlex.join(flags),
+        "argv": argv,
+        "settings": settings(cfg),
+        "code": code_fingerprint(),
         **provenance(run.module.precision, str(run.module.device)),
     }
-
-
-def machine_name(device: str = "cpu") -> str:
-    """The machine a run computes on, in words: the GPU's name, or the cores, the CPU's name and its native bf16."""
-    import platform
-
-    import torch
-
-    from lrl.precision import cpu_bf16_features, cpu_model
-
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(torch.device(device))} (CUDA)"
-    name = cpu_model() or platform.processor() or platform.machine()
-    return f"{os.cpu_count()}-core {name} ({', '.join(cpu_bf16_features()) or 'no native bf16'})"
 
 
 def provenance(precision: str, device: str) -> dict:
@@ -177,96 +172,6 @@ def solved(evaluation: dict) -> list[int]:
 
 
 # -- the command ----------------------------------------------------------------------------------------------------
-def parse_rows(specs: list[str]) -> dict[str, str]:
-    rows: dict[str, str] = {}
-    for spec in specs:
-        if spec in PRESETS:
-            rows.update(PRESETS[spec])
-        elif "=" in spec:
-            label, flags = spec.split("=", 1)
-            rows[label.strip()] = flags.strip()
-        else:
-            raise ValueError(f"--rows: {spec!r} is neither LABEL=FLAGS nor a preset ({', '.join(PRESETS)})")
-    return rows
-
-
-def run_argv(flags: list[str], row_flags: str, seed: int, threads: int) -> list[str]:
-    """The train.py flags of one run: the shared ones, the row's, then the seed, paired streams and threads."""
-    argv = [*flags, *row_flags.split(), "--seed", str(seed), "--paired-streams", "true", "--threads", str(threads)]
-    return argv + ["--progress", "false"]
-
-
-def check_rows(
-    rows: dict[str, str], flags: list[str], seed: int, jobs: int, threads: int, runs: dict[str, int] | None = None
-) -> list[str]:
-    """What would stop the rows before any run starts -> one line per problem (empty: none): a row whose flags
-    train.py refuses, whose model or environment cannot be built, or whose step does not fit the memory alone;
-    and the `jobs` costliest of the runs to do (`runs`: a row's count; default `jobs` each) side by side past the
-    memory this machine has (each run's memory plan, lrl/budget.py, counts its weights, optimizer, the sampler's
-    copies and a step's peak)."""
-    from lrl.arguments import parse_args
-    from lrl.budget import SHARE, available_bytes
-    from lrl.run import plan_run
-
-    problems, peaks = [], {}
-    for label, row_flags in rows.items():
-        try:
-            plan = plan_run(parse_args(run_argv(flags, row_flags, seed, threads)))[2]
-        except ValueError as err:  # a ConfigError, or a value a registry entry refuses
-            problems.append(f"row {label!r} ({row_flags or 'no flags'}): {err}")
-            continue
-        peaks[label] = plan.step_peak or plan.static
-    counts = runs or {}
-    each = sorted(((b, label) for label, b in peaks.items() for _ in range(counts.get(label, jobs))), reverse=True)
-    costliest = each[:jobs]  # the runs that may be in flight together at worst
-    have = SHARE * available_bytes()
-    together = sum(b for b, _ in costliest)
-    if jobs > 1 and together > have:
-        fits = max(1, sum(1 for total in accumulate(b for b, _ in costliest) if total <= have))
-        names = ", ".join(f"{label!r} {b / 2**30:.1f} GiB" for b, label in costliest)
-        problems.append(
-            f"--jobs {jobs}: the costliest runs side by side ({names}, at a step's peak) need about "
-            f"{together / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB this machine has ({SHARE} of "
-            f"the memory available): the kernel would kill runs; --jobs {fits} fits"
-        )
-    return problems
-
-
-def run_device(flags: list[str], threads: int) -> str:
-    """The torch device type the runs of these flags compute on."""
-    from lrl.arguments import parse_args
-    from lrl.precision import accelerator_device
-
-    return accelerator_device(parse_args(run_argv(flags, "", 0, threads)).run.accelerator)
-
-
-def each_in_its_own_process(cells: list, jobs: int, fn=one_run, started=None):
-    """Run `fn` (one_run) on every cell, `jobs` at a time, each in a fresh process (spawned; it dies with this one, so
-    a killed command leaves no run burning the cores) -> (cell, its finished future), in the order they finish;
-    `started(cell)` is called as each run is handed its process.
-    A process serves one run only: a run's memory is gone before the next one plans its own (a reused process
-    still held the last run's, and a lag-8 run after another was refused as too large), and no state of one run
-    reaches the next."""
-    context = multiprocessing.get_context("spawn")
-    pending, running = list(cells), {}
-    try:
-        while pending or running:
-            while pending and len(running) < jobs:
-                cell = pending.pop(0)
-                pool = ProcessPoolExecutor(1, mp_context=context, initializer=die_with_parent)
-                running[pool.submit(fn, cell)] = (cell, pool)
-                if started is not None:
-                    started(cell)
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                cell, pool = running.pop(future)
-                pool.shutdown(wait=True)
-                yield cell, future
-    finally:  # stopped early (an interrupt): the runs in flight end with it
-        for pool in (pool for _, pool in running.values()):
-            pool.shutdown(wait=False, cancel_futures=True)
-
-
 def say_started(cell: tuple) -> None:
     """A run takes minutes to an hour: say which one is under way, and since when."""
     label, _, seed, *_ = cell
@@ -278,18 +183,52 @@ def time_left(elapsed: float, done: int, total: int) -> str:
     return f", about {elapsed / done * (total - done) / 60:.0f} min left" if done < total else ""
 
 
-def read_done(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def tables(results: list[dict], rows: dict, baseline: str, args) -> str:
-    """The markdown of the rows, and the stretches of each row asked for."""
+def tables(results: list[dict], rows: dict, baseline: str, args, left: list[str] = ()) -> str:
+    """The markdown of the rows (where the runs come from and the runs left out first), and the stretches of each
+    row asked for."""
     table = markdown(results, list(rows), baseline, args.effect, args.metric, args.learned)
     by_label = by_row(results)
     extra = [line for label in args.stretches for line in stretches_table(by_label, label)]
-    return "\n".join(provenance_lines(results) + [table]) + ("\n".join(extra) + "\n" if extra else "")
+    head = provenance_lines(results) + (["Left out (not of the setting the row pools):", *left, ""] if left else [])
+    return "\n".join(head + [table]) + ("\n".join(extra) + "\n" if extra else "")
+
+
+def flags_line(runs: list[dict]) -> str:
+    """The train.py flags of every run, as their records keep them (where they differ or were not recorded: each
+    with its count)."""
+    shared = Counter(r.get("shared_flags") for r in runs)
+    if len(shared) == 1 and None not in shared:
+        return f"train.py flags of every run: {next(iter(shared))}"
+    said = [f"{v if v is not None else 'not recorded'} ({n} run(s))" for v, n in shared.items()]
+    return "train.py flags of the runs: " + "; ".join(said)
+
+
+def from_results(p: OneLineParser, args, rows: dict[str, str]) -> int:
+    """The tables (and figure) of a results file: its own rows, in the order they were run, or those --rows names
+    (``LABEL=`` any of the label's runs, ``LABEL=FLAGS`` only those made with those row flags)."""
+    path = Path(args.from_results)
+    if not path.is_file():
+        p.error(f"--from-results: {path} " + ("is not a file" if path.exists() else "does not exist"))
+    try:
+        results, damaged = records.read(path)
+    except OSError as err:
+        p.error(f"--from-results: {path}: cannot read it ({err.strerror or err})")
+    for line in damaged:
+        print(f"decide: {line}", file=sys.stderr)
+    if not results:
+        p.error(f"--from-results: {path} holds no run")
+    if args.rows_given is None:
+        wanted: dict = dict.fromkeys(dict.fromkeys(r["row"] for r in results))
+    else:
+        wanted = {label: flags or None for label, flags in rows.items()}
+    baseline = args.baseline or next(iter(wanted))
+    if problem := table_options(args, wanted, baseline) or next(iter(check_plot(args.plot)), None):
+        p.error(problem)
+    pooled, left = records.pool(results, wanted)
+    print(tables(pooled, wanted, baseline, args, left))
+    if args.plot and pooled:
+        print(figure_line(pooled, list(wanted), baseline, args.metric, args.effect, Path(args.plot), str(path)))
+    return 0
 
 
 def tabling_command(results: Path, args) -> str:
@@ -352,85 +291,125 @@ def main(argv: list[str] | None = None) -> int:
         rows = parse_rows(args.rows_given or ["core"])
     except ValueError as err:
         p.error(str(err))
-    if args.seeds < 1 or args.jobs < 1 or args.samples < 0 or args.threads < 0:
-        p.error("--seeds and --jobs must be >= 1, --samples and --threads >= 0")
-    results = read_done(Path(args.from_results)) if args.from_results else []
-    if args.from_results:  # the file's own rows, in the order they were run, or only those --rows names
-        rows = ({r["row"]: r.get("flags", "") for r in results} or rows) if args.rows_given is None else rows
-        results = [r for r in results if r["row"] in rows]
-    baseline = args.baseline or next(iter(rows))
-    if baseline not in rows:
-        p.error(f"--baseline: {baseline!r} is not one of the rows ({', '.join(rows)})")
-    out = Path(args.out)
-    if unknown := [r for r in args.stretches if r not in rows]:
-        p.error(f"--stretches: {', '.join(map(repr, unknown))} not among the rows ({', '.join(rows)})")
-    if args.plot and Path(args.plot).suffix.lower() not in FORMATS:
-        p.error(f"--plot: {args.plot!r} must end in {', '.join(FORMATS)}")
+    if problem := check_numbers(args):
+        p.error(problem)
     if args.from_results:
-        print(tables(results, rows, baseline, args))
-        if args.plot and results:
-            figure = Path(args.plot)
-            print(figure_line(results, list(rows), baseline, args.metric, args.effect, figure, args.from_results))
-        return 0
+        return from_results(p, args, rows)
+    baseline = args.baseline or next(iter(rows))
+    if problem := table_options(args, rows, baseline):
+        p.error(problem)
     flags = args.flags or ["--env", "calc"]
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
+    out = Path(args.out)
     done_path = out / "results.jsonl"
-    done = read_done(done_path)
-    have = {(r["row"], r["seed"]) for r in done}
-    seeds = range(args.first_seed, args.first_seed + args.seeds)
-    # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
-    cells = [(label, rows[label], seed, flags, args.samples, threads) for seed in seeds for label in rows
-             if (label, seed) not in have]  # fmt: skip
-    to_do = Counter(label for label, *_ in cells)
-    problems = check_rows({label: rows[label] for label in to_do}, flags, args.first_seed, args.jobs, threads, to_do)
+    problems = planned(rows, flags, args.first_seed, threads)  # first: a refused command makes no folder
+    if isinstance(problems, dict):
+        wanted, problems = problems, [problem for problem in [writable_folder(out, "--out")] if problem]
+        problems += check_plot(args.plot)
+    if not problems and done_path.exists() and not done_path.is_file():
+        problems.append(f"--out {out}: its results.jsonl is not a file")
     for line in problems:  # before any run: a typo in one row would otherwise surface hours into the others
         print(f"decide: {line}", file=sys.stderr)
     if problems:
         print(f"decide: nothing was run ({len(problems)} problem(s) above)", file=sys.stderr)
         return 2
-    here = machine_name(run_device(flags, threads))  # runs with no machine recorded pass
-    if cells and (others := sorted({r["machine"] for r in done if r.get("machine", here) != here})):
+    done, damaged = records.read(done_path) if done_path.exists() else ([], [])
+    for line in damaged:  # named, skipped, and its run (if it was one) run again
+        print(f"decide: {line}", file=sys.stderr)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    here = next(iter(wanted.values()))["machine"]  # runs with no machine recorded pass
+    if (others := sorted({r["machine"] for r in done if r.get("machine", here) != here})):
         print(f"decide: {done_path} holds runs of {'; '.join(others)}, and these would run on {here}: one seed "
               "computes other numbers on each, so their rows would not pair; give this machine's runs an --out of "
               "their own", file=sys.stderr)  # fmt: skip
         return 2
-    out.mkdir(parents=True, exist_ok=True)
+    ours = [r for r in done if r["row"] in rows and r["seed"] in seeds]
+    have = {(r["row"], r["seed"]) for r in ours if records.same_setting(r, wanted[r["row"]])}
+    if clash := [r for r in ours if (r["row"], r["seed"]) not in have]:
+        for r in clash:
+            print(f"decide: {done_path} holds row {r['row']!r} seed {r['seed']} made otherwise: "
+                  f"{records.difference(r, wanted[r['row']])}", file=sys.stderr)  # fmt: skip
+        print("decide: nothing was run: give the rows made now labels of their own, or their runs another --out",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
+    cells = [(label, rows[label], seed, flags, args.samples, threads) for seed in seeds for label in rows
+             if (label, seed) not in have]  # fmt: skip
+    to_do = Counter(label for label, *_ in cells)
+    problems = check_rows({label: rows[label] for label in to_do}, flags, args.first_seed, args.jobs, threads, to_do)
+    for line in problems:
+        print(f"decide: {line}", file=sys.stderr)
+    if problems:
+        print(f"decide: nothing was run ({len(problems)} problem(s) above)", file=sys.stderr)
+        return 2
     print(f"{len(cells)} runs to do ({len(have)} already in {done_path}), {args.jobs} at a time, {threads} threads each")
-    start, failed = time.time(), 0
-    for i, (cell, future) in enumerate(each_in_its_own_process(cells, args.jobs, started=say_started), 1):
-        label, _, seed, *_ = cell
-        try:
-            r = future.result()
-        except BrokenProcessPool:  # the kernel killed the run's process (for memory, most often)
-            failed += 1
-            print(f"[{i}/{len(cells)}] {label} seed {seed} failed: its process died (killed for memory, most "
-                  "likely: try fewer --jobs); the command started again runs it again", file=sys.stderr,
-                  flush=True)  # fmt: skip
-            continue
-        except Exception as err:  # a run refused or failed: said in one line, and the others go on
-            failed += 1
-            print(f"[{i}/{len(cells)}] {label} seed {seed} failed: {err}", file=sys.stderr, flush=True)
-            continue
-        with done_path.open("a") as f:
-            f.write(json.dumps(r) + "\n")
-        done.append(r)
-        elapsed = time.time() - start
-        print(f"[{i}/{len(cells)}] {r['row']} seed {r['seed']}: greedy {r['greedy_first']:.3f} -> "
-              f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
-              f"{r['wall'] / 60:.1f} min ({elapsed / 60:.0f} min in all{time_left(elapsed, i, len(cells))})",
-              flush=True)  # fmt: skip
-    done = [r for r in done if r["row"] in rows]  # the rows asked for, as the command that tables again names them
-    table = tables(done, rows, baseline, args)
+    failed = run_cells(cells, args.jobs, done_path, done)
+    if isinstance(failed, Stopped):
+        return failed.exit_code
+    mine = [r for r in done if r["row"] in rows]  # the rows asked for, as the command that tables again names them
+    pooled, left = records.pool(mine, rows, wanted)
+    table = tables(pooled, rows, baseline, args, left)
     again = tabling_command(done_path, args)
-    (out / "table.md").write_text(f"train.py flags of every run: {' '.join(flags)}\nTabled again by: {again}\n\n"
-                                  + table)  # fmt: skip
+    (out / "table.md").write_text(f"{flags_line(pooled)}\nTabled again by: {again}\n\n" + table)
     print(table)
-    if done:
+    if pooled:
         for path in dict.fromkeys([out / "plot.png", *([Path(args.plot)] if args.plot else [])]):
-            print(figure_line(done, list(rows), baseline, args.metric, args.effect, path, str(out)))
+            print(figure_line(pooled, list(rows), baseline, args.metric, args.effect, path, str(out)))
     if failed:
         print(f"decide: {failed} of {len(cells)} runs failed (above); the table holds the others", file=sys.stderr)
     return 1 if failed else 0
+
+
+def run_cells(cells: list, jobs: int, done_path: Path, done: list[dict]) -> int | Stopped:
+    """Run the cells, keeping each finished run in `done_path` (and `done`) as it comes back -> the count of runs
+    that failed, or :class:`Stopped` where a signal stopped the command (said in one line; the runs in flight ended,
+    every finished one kept)."""
+    start, failed, begun = time.time(), 0, []
+    runs = each_in_its_own_process(cells, jobs, fn=one_run, started=lambda cell: (begun.append(cell), say_started(cell)))
+    i = 0
+    try:
+        with stop_on_signals():
+            for i, (cell, future) in enumerate(runs, 1):
+                label, _, seed, *_ = cell
+                try:
+                    r = future.result()
+                except BrokenProcessPool:  # the kernel killed the run's process (for memory, most often)
+                    failed += 1
+                    print(f"[{i}/{len(cells)}] {label} seed {seed} failed: its process died (killed for memory, "
+                          "most likely: try fewer --jobs); the command started again runs it again", file=sys.stderr,
+                          flush=True)  # fmt: skip
+                    continue
+                except Exception as err:  # a run refused or failed: said in one line, and the others go on
+                    failed += 1
+                    print(f"[{i}/{len(cells)}] {label} seed {seed} failed: {err}", file=sys.stderr, flush=True)
+                    continue
+                keep(done_path, r)
+                done.append(r)
+                elapsed = time.time() - start
+                print(f"[{i}/{len(cells)}] {r['row']} seed {r['seed']}: greedy {r['greedy_first']:.3f} -> "
+                      f"{r['greedy']:.3f}, sampled {r['sampled']:.3f}, reward {r['reward']:.3f}, "
+                      f"{r['wall'] / 60:.1f} min ({elapsed / 60:.0f} min in all{time_left(elapsed, i, len(cells))})",
+                      flush=True)  # fmt: skip
+    except (Stopped, KeyboardInterrupt) as err:
+        runs.close()  # the runs in flight end now
+        stop = err if isinstance(err, Stopped) else Stopped(signal.SIGINT)
+        ended = len(begun) - i
+        print(f"decide: stopped by {stop}: {i - failed} run(s) of this command finished and are kept in "
+              f"{done_path}; {ended} in flight ended; the same command again runs the rest", file=sys.stderr)  # fmt: skip
+        return stop
+    return failed
+
+
+def keep(done_path: Path, record: dict) -> None:
+    """Append a finished run to the results file; where that fails (a full disk), it goes to a file of its own in
+    the temporary folder, named in one line, rather than being lost."""
+    try:
+        records.append(done_path, record)
+    except OSError as err:
+        spare = Path(tempfile.mkdtemp(prefix="decide-run-")) / "results.jsonl"
+        spare.write_text(json.dumps(record) + "\n")
+        print(f"decide: could not add {record['row']} seed {record['seed']} to {done_path} ({err.strerror or err}): "
+              f"kept in {spare}; append it to the results file", file=sys.stderr, flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
