@@ -28,6 +28,8 @@ def train_command() -> str:
     started = Path(sys.argv[0])
     if started.name == "lrl-train":
         return "lrl-train"
-    if started.name == "train.py" and started.parent.name == "lrl":
+    # python -m lrl.train starts the package's own module file; a checkout's train.py is another file, whatever its
+    # folder is called (a clone named lrl holds lrl/train.py beside the package lrl/lrl/train.py)
+    if sys.argv[0] and started.resolve() == Path(__file__).resolve().with_name("train.py"):
         return "python -m lrl.train"
     return "python train.py"
