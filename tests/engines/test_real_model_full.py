@@ -7,15 +7,12 @@ import pytest
 
 import lrl.models as models
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]  # skipped without the wheel (conftest)
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    try:
-        return models.resolve_model("smollm2-135m", verbose=False)
-    except models.ModelUnavailable as err:
-        pytest.skip(str(err))
+    return models.resolve_model("smollm2-135m", verbose=False)
 
 
 def test_a_trained_model_shows_the_chapters_mismatch(smollm2, tmp_path):

@@ -19,12 +19,10 @@ from helpers import ROOT, history_lines, one_clear_line, train, wait_until
 
 from lrl.policy import make_policy, save_policy
 from lrl.run import build_run, fit
-from lrl.samplers.vllm import vllm_missing
 
 pytestmark = [
-    pytest.mark.vllm,
+    pytest.mark.vllm,  # skipped, saying how to install it, where vLLM is missing (conftest)
     pytest.mark.xdist_group("vllm"),  # one engine's tests on one worker of the parallel run
-    pytest.mark.skipif(vllm_missing() is not None, reason=f"vLLM tests: {vllm_missing()}"),
 ]
 
 

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import quick_cfg
 from helpers import (
     MARK,
     ROOT,
@@ -32,16 +33,13 @@ from helpers import (
 )
 from helpers import two_worker_args as args
 
-pytest.importorskip("ray", reason='the Ray backend needs the ray package: pip install -e ".[ray]"')
+from lrl.pipeline.backends.ray.cluster import RayNode
+from lrl.pipeline.backends.ray.keeper import MARKER
+from lrl.pipeline.policies import OldestFirst
+from lrl.run import build_run, fit
 
-from conftest import quick_cfg  # noqa: E402
-
-from lrl.pipeline.backends.ray.cluster import RayNode  # noqa: E402
-from lrl.pipeline.backends.ray.keeper import MARKER  # noqa: E402
-from lrl.pipeline.policies import OldestFirst  # noqa: E402
-from lrl.run import build_run, fit  # noqa: E402
-
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # the module's cluster on one worker
+# skipped, saying how to install it, where Ray is missing (conftest); the module's cluster on one worker
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 # the cluster's GCS declares a node dead after about 2 s of failed health checks (Ray's default: 15 s)
 HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4"}

