@@ -16,8 +16,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu_table}
-mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 ROWS=${ROWS:-core}
 SEEDS=${SEEDS:-8}
 JOBS=${JOBS:-6}
@@ -25,18 +23,49 @@ THREADS=${THREADS:-2}
 SAMPLES=${SAMPLES:-4}
 ACCELERATOR=${ACCELERATOR:-gpu}
 FLAGS=${FLAGS:---env calc}  # train.py flags of every run (the accelerator is added)
+DEADLINE=${GPU_TABLE_SECONDS:-470}
+
+refuse() {
+  echo "gpu_table.sh: $*" >&2
+  exit 2
+}
+# ROWS and FLAGS are shell words, so quotes keep a "LABEL=FLAGS" row whole; they are split as text (python's shlex),
+# never run: a $(...) or a ` in them stays part of a word
+words() {
+  python -c 'import shlex, sys
+try:
+    found = shlex.split(sys.argv[2])
+except ValueError as err:
+    print(f"gpu_table.sh: {sys.argv[1]}: {err} in {sys.argv[2]!r}", file=sys.stderr)
+    sys.exit(2)
+sys.stdout.write("".join(word + "\0" for word in found))' "$1" "$2"
+}
+mapfile -d '' rows < <(words ROWS "$ROWS") && wait $! || exit 2
+mapfile -d '' flags < <(words FLAGS "$FLAGS") && wait $! || exit 2
+(( ${#rows[@]} )) || refuse "ROWS: ${ROWS@Q} holds no row; give a preset (core, wider, fast) or quoted LABEL=FLAGS rows"
+# timeout's own forms (seconds, or a number and s, m, h or d); 0 would mean no deadline at all
+[[ $DEADLINE =~ ^[0-9]*\.?[0-9]+[smhd]?$ && ! $DEADLINE =~ ^[0.]+[smhd]?$ ]] \
+  || refuse "GPU_TABLE_SECONDS: ${DEADLINE@Q} is not a deadline; give seconds above 0 (or a number and s, m, h or d)"
+err=$(mkdir -p -- "$OUT" 2>&1) || refuse "OUT: ${OUT@Q} cannot be made a folder (${err#mkdir: })"
+[[ -w $OUT ]] || refuse "OUT: ${OUT@Q} is not writable"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 # the model is converted once, before the runs start, rather than by the first of them while the others wait
-[[ $FLAGS == *"--env calc"* ]] && { python -c "from lrl.models import resolve_model; resolve_model('smollm2-135m')" || exit 1; }
+for i in "${!flags[@]}"; do
+  if [[ ${flags[i]} == --env=calc || (${flags[i]} == --env && ${flags[i + 1]:-} == calc) ]]; then
+    python -c "from lrl.models import resolve_model; resolve_model('smollm2-135m')" || exit 1
+    break
+  fi
+done
 watcher=
 if command -v nvidia-smi > /dev/null; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 10 >> "$OUT/gpu_use.csv" 2>&1 &
   watcher=$!
 fi
-# shellcheck disable=SC2086  # ROWS and FLAGS are words (eval keeps a quoted LABEL=FLAGS row whole)
-eval "timeout ${GPU_TABLE_SECONDS:-470} python -m lrl_lab.experiments.decide --rows $ROWS --seeds $SEEDS --jobs $JOBS \
-  --threads $THREADS --samples $SAMPLES --out $OUT -- $FLAGS --accelerator $ACCELERATOR"
+decide=(--rows "${rows[@]}" --seeds "$SEEDS" --jobs "$JOBS" --threads "$THREADS" --samples "$SAMPLES" --out="$OUT"
+  -- "${flags[@]}" --accelerator "$ACCELERATOR")
+timeout "$DEADLINE" python -m lrl_lab.experiments.decide "${decide[@]}"
 status=$?
 [[ -n $watcher ]] && kill "$watcher" 2> /dev/null
 [[ $status == 124 ]] && echo "stopped at the deadline; run the same command again to go on"
