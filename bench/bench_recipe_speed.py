@@ -17,56 +17,95 @@ are listed apart) and the ratio of the medians. Nothing is asserted.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from multiprocessing.connection import Listener
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
 BASELINE = "b714b39"  # the last commit before the step's work was cut (docs/real_model.md, "Speed")
 
+from lrl.cli import OneLineParser  # noqa: E402
 
-def unpack(ref: str, into: Path) -> Path:
-    """The tree of commit `ref` of this repository, written into `into` (the repo itself is left as it is)."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True).stdout
+
+def commit_of(ref: str) -> str | None:
+    """The full hash of the commit `ref` names in this repository; None where it names none (a ref is never read as
+    an option of git's, whatever it starts with)."""
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", "--end-of-options",
+                            f"{ref}^{{commit}}"], capture_output=True, text=True)  # fmt: skip
+    return found.stdout.strip() if found.returncode == 0 and found.stdout.strip() else None
+
+
+def unpack(commit: str, into: Path) -> Path:
+    """The tree of `commit` (a full hash) of this repository, written into `into` (the repo itself is left as it is)."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 
 
 def start(tree: Path, socket: str, flags: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE / 'plugins'}", "LRL_STEP_GATE": socket}
-    cmd = [sys.executable, "train.py", "--env", "calc", *flags, "--plugins", "step_gate", "--callbacks", "step_gate"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--env",
+        "calc",
+        *flags,
+        "--plugins",
+        "step_gate",
+        "--callbacks",
+        "step_gate",
+    ]
     return subprocess.Popen(cmd, cwd=tree, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="bench_recipe_speed.py", description=__doc__.split("\n")[0])
     p.add_argument("--ref", default=BASELINE, help="the earlier commit (default: %(default)s)")
     p.add_argument("--steps", type=int, default=8, help="steps of each run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ref-flags", default="", help="train.py flags for the earlier commit's run only (one string)")
+    p.add_argument(
+        "--ref-flags", default="", help="train.py flags for the earlier commit's run only (one string)"
+    )
     p.add_argument("train_args", nargs="*", help="train.py flags (after --)")
     args = p.parse_args(argv)
+    # every input is checked before the earlier tree is unpacked and the runs start (each loads the real model)
+    commit = commit_of(args.ref)
+    if commit is None:
+        p.error(f"--ref: {args.ref!r} is not a commit of this repository (git rev-parse finds none)")
+    if args.steps < 1:
+        p.error(f"--steps: {args.steps} is not allowed; a run needs at least 1 step")
+    flags = [*args.train_args, "--max-steps", str(args.steps), "--seed", str(args.seed), "--eval-at-start", "false",
+             "--eval-every", "1000000", "--progress", "false"]  # fmt: skip
+    from lrl.arguments import parse_args
+    from lrl.config import ConfigError
+
+    try:  # this tree's run takes them as they are (the earlier tree's flags are its own: they are not checked here)
+        parse_args(["--env", "calc", *flags])
+    except ConfigError as err:
+        p.error(f"train.py flags: {err}")
     sys.path.insert(0, str(HERE))
-    sys.path.insert(0, str(ROOT))
     from bench_real_model import machine
 
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True)
     here_name = f"this tree ({head.stdout.strip()}{', with changes' if dirty.stdout.strip() else ''})"
     print(f"machine: {machine()}")
-    flags = [*args.train_args, "--max-steps", str(args.steps), "--seed", str(args.seed), "--eval-at-start", "false",
-             "--eval-every", "1000000", "--progress", "false"]  # fmt: skip
     print(f"each run: train.py --env calc {' '.join(flags)}")
     with tempfile.TemporaryDirectory(prefix="lrl-bench-recipe-") as tmp:
         tmp = Path(tmp)
         (tmp / "old").mkdir()
-        old = unpack(args.ref, tmp / "old")
+        old = unpack(commit, tmp / "old")
         trees = {f"{args.ref} {args.ref_flags}".strip(): old, here_name: ROOT}
         listeners, procs, conns = {}, {}, {}
         for i, (name, tree) in enumerate(trees.items()):
@@ -77,7 +116,7 @@ def main(argv=None) -> int:
             procs[name] = start(tree, socket, [*flags, *extra, "--log-dir", str(logs)], tmp / f"run{i}.log")
         try:
             for name, listener in listeners.items():
-                conns[name] = listener.accept()
+                conns[name] = accept(listener, procs[name], name)
             steps = {name: [] for name in trees}
             for name, conn in conns.items():
                 wait_ready(name, conn)
@@ -95,7 +134,10 @@ def main(argv=None) -> int:
                             procs[name].wait(120)
                         except subprocess.TimeoutExpired:
                             procs[name].kill()
-                    laps = "  ".join(f"{k[5:]} {record.get(k, 0.0):5.1f}" for k in ("time/sample", "time/old_logp", "time/update"))
+                    laps = "  ".join(
+                        f"{k[5:]} {record.get(k, 0.0):5.1f}"
+                        for k in ("time/sample", "time/old_logp", "time/update")
+                    )
                     print(f"step {i} {name:<24} {seconds:6.1f} s  {'skipped' if record.get('train/skipped') else 'trained'}  "
                           f"reward {record.get('train/reward', float('nan')):.3f}  {laps}", flush=True)  # fmt: skip
         except (EOFError, ConnectionError) as err:
@@ -103,6 +145,11 @@ def main(argv=None) -> int:
                 print(f"--- {name} ---\n{(tmp / f'run{i}.log').read_text()[-3000:]}")
             raise SystemExit(f"a run ended early: {err}") from None
         finally:
+            # the gates first: a run waiting at its gate for a turn that will not come reads their end and exits
+            for conn in conns.values():
+                conn.close()
+            for listener in listeners.values():
+                listener.close()
             for proc in procs.values():
                 proc.terminate()
             for proc in procs.values():
@@ -110,10 +157,21 @@ def main(argv=None) -> int:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-            for listener in listeners.values():
-                listener.close()
     report(steps)
     return 0
+
+
+def accept(listener: Listener, proc: subprocess.Popen, name: str):
+    """The run's connection to its gate, once it connects; a ConnectionError where the run ends before that (a flag
+    its tree refuses, a model it cannot load), instead of waiting for it forever."""
+    accepted = []
+    waiter = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
+    waiter.start()
+    while waiter.is_alive():
+        waiter.join(0.5)
+        if waiter.is_alive() and proc.poll() is not None:
+            raise ConnectionError(f"{name} exited with status {proc.returncode} before its first step")
+    return accepted[0]
 
 
 def wait_ready(name: str, conn) -> None:
