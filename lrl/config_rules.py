@@ -26,7 +26,8 @@ from lrl.sections import (
 
 
 def _registry_rules(cfg) -> list[str]:
-    """An option scoped to a registry is set only for an entry that reads it; each chosen entry's own checks."""
+    """An option scoped to a registry is set only for an entry that reads it; each chosen entry reads options that
+    exist (its uses), and its own checks."""
     problems = []
     for f in OPTIONS.values():
         scope = f.meta.get("scope")
@@ -42,6 +43,13 @@ def _registry_rules(cfg) -> list[str]:
             problems.append(f"{f.name}: {value!r} is not used by {scope} {chosen!r}; it applies to: {users}")
     for scope, registry in REGISTRIES.items():
         for entry in registry.chosen(getattr(cfg, scope)):
+            # a plugin's typo: its option would be refused as unread, or read as an attribute that is not there
+            unknown = [key for key in entry.uses if key not in OPTIONS]
+            if unknown:
+                problems.append(
+                    f"{scope}: {entry.name!r} says it reads {', '.join(map(repr, unknown))}, which is no option; "
+                    "the uses of its registration must name options"
+                )
             if entry.check is not None:
                 problems += list(supply(entry.check, cfg))
     return problems
@@ -119,7 +127,9 @@ def _update_rules(update: UpdateOptions, weighting: WeightingOptions, batch: Bat
     if update.max_step_kl is not None and not update.step_kl:
         problems.append("max_step_kl: the update guard needs step_kl: true (it measures the step's KL)")
     if weighting.low > weighting.high:
-        problems.append(f"low/high: the MIS band [{weighting.low}, {weighting.high}] is empty; need low <= high")
+        problems.append(
+            f"low/high: the MIS band [{weighting.low}, {weighting.high}] is empty; need low <= high"
+        )
     episodes = batch.tasks_per_step * batch.episodes_per_task
     if update.minibatches > episodes:
         problems.append(f"minibatches: {update.minibatches} is more than the {episodes} episodes of a step")
@@ -170,6 +180,42 @@ def _loss_rules(update: UpdateOptions, weighting: WeightingOptions) -> list[str]
     return problems
 
 
+# the losses that read each clip (lrl.losses.policy_loss): pg has none, CISPO truncates at 1 + eps_high alone
+CLIP_READERS = {"eps_low": ("clipped",), "eps_high": ("clipped", "cispo")}
+
+
+def _unread_rules(update: UpdateOptions, weighting: WeightingOptions) -> list[str]:
+    """Update options set where nothing reads them, which would otherwise be ignored without a word: a clip the loss
+    has not (eps_low with a loss other than clipped, eps_high with pg), a level with a correction that takes no ratio at
+    one (none, or an entry whose uses leave it out) and no normalize, a normalize of correction none's weights (all
+    1)."""
+    from lrl.registry import CORRECTIONS
+
+    problems = []
+    for key, losses in CLIP_READERS.items():
+        value = getattr(update, key)
+        if OPTIONS[key].meta.get("scope"):
+            continue  # an option scoped to the losses' registry: _registry_rules reads its entries' uses
+        if update.loss not in losses and value != OPTIONS[key].default:
+            only = " or ".join(losses)
+            problems.append(
+                f"{key}: {value} is not used with loss: {update.loss}; it applies only with loss: {only}"
+            )
+    reads_level = "level" in CORRECTIONS.get(weighting.correction).uses
+    if weighting.correction == "none" and weighting.normalize:  # its weights are the action mask, of mean 1
+        problems.append(
+            "normalize: true is not used by correction 'none' (its weights are all 1, already their own mean); "
+            f"it applies to: {', '.join(n for n in CORRECTIONS.names() if n != 'none')}"
+        )
+    elif weighting.level != OPTIONS["level"].default and not (reads_level or weighting.normalize):
+        users = ", ".join(CORRECTIONS.users("level")) or "none"
+        problems.append(
+            f"level: {weighting.level!r} is not used by correction {weighting.correction!r}; it applies to: {users} "
+            "(and to normalize)"
+        )
+    return problems
+
+
 def _rollout_rules(environment: EnvironmentOptions) -> list[str]:
     """The rollout engine's own options: a latency that parses, and a timeout that can be met."""
     from lrl.envs.latency import parse_latency
@@ -191,4 +237,5 @@ RULES = [
     _registry_rules,
     _rollout_rules,
     _loss_rules,
+    _unread_rules,
 ]

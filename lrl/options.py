@@ -119,6 +119,9 @@ def check_field(name: str, value, annotation, meta) -> list[str]:
                 return [
                     f"{name}: {item!r} is not allowed; choose one of {', '.join(allowed) or '(none registered)'}"
                 ]
+        twice = [item for i, item in enumerate(value) if item in value[:i]] if isinstance(value, list) else []
+        if twice:  # a mask or callback applied once whatever the list says, or twice over
+            return [f"{name}: {twice[0]!r} is given twice; give each once"]
     tests = {
         "ge": lambda v, b: v >= b,
         "gt": lambda v, b: v > b,

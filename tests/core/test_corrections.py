@@ -210,6 +210,12 @@ def test_which_choices_need_the_whole_batch_first():
         (dict(opsm_threshold=0.2, masks=["kl"]), "opsm_threshold: 0.2 is not used"),
         (dict(dual_clip=1.2), r"dual_clip: 1.2 must be above the upper clip 1 \+ eps_high = 1.28"),
         (dict(dual_clip=3.0, loss="cispo"), "dual_clip: 3.0 is not used with loss: cispo"),
+        (dict(eps_low=0.1, loss="pg"), r"eps_low: 0.1 is not used (with|by) loss:? '?pg\b.* clipped"),
+        (dict(eps_low=0.1, loss="cispo"), r"eps_low: 0.1 is not used (with|by) loss:? '?cispo\b"),
+        (dict(eps_high=0.4, loss="pg"), r"eps_high: 0.4 is not used (with|by) loss:? '?pg\b.*clipped.*cispo"),
+        (dict(level="sequence"), r"level: 'sequence' is not used by correction 'none'; it applies to: tis"),
+        (dict(normalize=True), "normalize: true is not used by correction 'none'"),
+        (dict(masks=["kl", "opsm", "kl"]), "masks: 'kl' is given twice"),
     ],
 )
 def test_choices_that_do_not_fit_together_are_config_errors(kw, words):
@@ -222,3 +228,18 @@ def test_choices_that_fit_together():
     Config(proximal="rollout", masks=["kl", "opsm"], veto=1e-4)  # masks compare the forward's own pi with mu
     Config(proximal="interpolate", loss="cispo", correction="tis", masks=["kl"])
     Config(masks=["m2po", "kl"], normalize=True, correction="tis", m2_threshold=0.1, kl_threshold=0.2)
+    Config(loss="cispo", eps_high=0.4)  # CISPO's truncation is 1 + eps_high
+    Config(correction="tis", normalize=True, level="sequence", masks=["kl"])
+    Config(loss="clipped", eps_low=0.1, eps_high=0.4, dual_clip=3.0)
+
+
+def test_a_plugin_correction_that_reads_the_level_takes_it(monkeypatch):
+    from lrl.registry import CORRECTIONS, Entry
+
+    def level_reader(logp_trainer, logp_sampler, mask, options):
+        return mask.to(logp_trainer.dtype)
+
+    # the entry register_correction("level_reader", uses=("level",), per_row=True) makes
+    entry = Entry("level_reader", level_reader, uses=("level",), per_row=True)
+    monkeypatch.setitem(CORRECTIONS.entries, "level_reader", entry)
+    assert Config(correction="level_reader", level="geometric").level == "geometric"

@@ -183,6 +183,56 @@ def test_workers_that_do_not_fit_in_memory_are_refused(monkeypatch, tmp_path):
     assert not (tmp_path / "runs").exists()  # refused before the run started
 
 
+# -- update options that the chosen loss, correction or masks do not read ------------------------------------
+UNREAD = [
+    (["--loss", "pg", "--eps-low", "0.1"], ("eps_low: 0.1 is not used", "pg")),
+    (["--loss", "cispo", "--eps-low", "0.1"], ("eps_low: 0.1 is not used", "cispo")),
+    (["--loss", "pg", "--eps-high", "0.4"], ("eps_high: 0.4 is not used", "pg")),
+    (["--level", "sequence"], ("level: 'sequence' is not used by correction 'none'",)),
+    (["--normalize", "true"], ("normalize: true is not used by correction 'none'",)),
+    (["--masks", "kl,kl"], ("masks: 'kl' is given twice",)),
+]
+
+
+@pytest.mark.parametrize("flags, needles", UNREAD, ids=lambda v: " ".join(v))
+def test_an_update_option_that_nothing_reads_is_refused(tmp_path, flags, needles):
+    refused(*FAST, *flags, "--log-dir", str(tmp_path / "runs"), needles=needles)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("loss: pg\neps_low: 0.1\neps_high: 0.4\n", "eps_high: 0.4 is not used"),
+        ("loss: cispo\neps_low: 0.1\n", "eps_low: 0.1 is not used"),
+        ("correction: none\nlevel: geometric\n", "level: 'geometric' is not used by correction 'none'"),
+        ("normalize: true\n", "normalize: true is not used by correction 'none'"),
+        ("masks: [kl, opsm, kl]\n", "masks: 'kl' is given twice"),
+    ],
+)
+def test_an_update_option_that_nothing_reads_is_refused_in_yaml(tmp_path, text, needle):
+    config = tmp_path / "update.yaml"
+    config.write_text(text)
+    refused("--config", str(config), *FAST, "--log-dir", str(tmp_path / "runs"), needles=(needle,))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_plugin_entry_that_reads_an_option_that_does_not_exist_is_refused(tmp_path, monkeypatch):
+    from lrl.registry import MASKS
+
+    monkeypatch.setattr(MASKS, "entries", dict(MASKS.entries))  # the plugin's mask is gone after the test
+    (tmp_path / "misspelt_mask.py").write_text(
+        "from lrl.masks import register_mask\n\n\n"
+        "@register_mask('misspelt', uses=('kl_treshold',), per_row=True)\n"
+        "def keep(logp_trainer, logp_sampler, mask, advantage, options):\n"
+        "    return mask.bool()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flags = ("--plugins", "misspelt_mask", "--masks", "misspelt", *FAST, "--log-dir", str(tmp_path / "runs"))
+    refused(*flags, needles=("masks: 'misspelt'", "'kl_treshold'"))
+    assert not (tmp_path / "runs").exists()
+
+
 # -- models and tokenizers --------------------------------------------------------------------------------
 def test_a_model_with_a_context_shorter_than_an_episode_is_refused(tmp_path, tok):
     short = make_policy(tok, max_position_embeddings=16)
