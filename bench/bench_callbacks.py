@@ -17,7 +17,6 @@ also reported, as a share of the no-callback step.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import statistics
 import tempfile
@@ -25,6 +24,8 @@ import time
 import warnings
 
 import lightning as L
+
+from lrl.cli import OneLineParser
 
 
 class StepClock(L.Callback):
@@ -80,12 +81,17 @@ def one_arm(monitoring: bool, steps: int, log_dir: str) -> tuple[list[tuple[floa
     return clock.step_times(), spent[0] / (steps + 1)  # `steps` intervals: the last batch is only a start
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> None:
+    parser = OneLineParser(prog="bench_callbacks.py", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per arm and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="steps dropped at the start of each arm")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be at least 1")
+    if not 0 <= args.warmup < args.steps:
+        parser.error(f"--warmup: {args.warmup} is not allowed; it drops steps of the {args.steps} timed, so it must "
+                     f"be in [0, {args.steps - 1}]")  # fmt: skip
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     off: list[tuple[float, float]] = []

@@ -15,17 +15,17 @@ noisy, so only ratios measured in the same run are printed; nothing here is asse
 
 from __future__ import annotations
 
-import argparse
 import copy
 import time
 
 import torch
 
 from lrl.batch import pad_right
+from lrl.cli import OneLineParser
 from lrl.envs.tinyagent import build_tokenizer, make_tasks
 from lrl.kvcache import engine_generate
 from lrl.policy import make_policy
-from lrl_lab.tools.mismatch import gym_prompts, ragged
+from lrl_lab.tools.mismatch import RANDOM_SHAPES, gym_prompts, ragged
 
 
 def recompute_generate(model, prompts, new_tokens, generator, pad_id):
@@ -94,18 +94,41 @@ def interleaved(methods: dict, repeats: int) -> tuple[dict[str, float], dict]:
     return best, results
 
 
+def device_problem(text: str) -> str:
+    """Why torch cannot compute on device `text` here ('' where it can)."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        return f"{text!r} is not a device torch knows (cpu, cuda, cuda:N, ...)"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return f"{text!r}: torch sees no GPU here"
+    if device.type not in ("cpu", "cuda"):
+        return f"{text!r}: this bench runs on cpu or cuda"
+    return ""
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="bench_engine.py", description=__doc__.split("\n")[0])
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--hidden", type=int, default=None, help="hidden size (default: the TinyAgent size, 64)")
     p.add_argument("--layers", type=int, default=None, help="layers (default: the TinyAgent size, 3)")
     p.add_argument("--repeats", type=int, default=3, help="rounds of engine and generate; best kept")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--shape", default=None, help="a random Qwen3 of a named shape instead (e.g. qwen3-0.6b)")
+    p.add_argument(
+        "--shape", default=None, choices=sorted(RANDOM_SHAPES), help="a random Qwen3 of a named shape instead"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = p.parse_args(argv)
+    if min(args.prompts, args.new_tokens, args.repeats, args.threads) < 1:
+        p.error("--prompts, --new-tokens, --repeats and --threads must be at least 1")
+    if args.layers is not None and args.layers < 1:
+        p.error(f"--layers: {args.layers} is not allowed; it must be at least 1")
+    if args.hidden is not None and (args.hidden < 4 or args.hidden % 4):
+        p.error(f"--hidden: {args.hidden} is not allowed; it must be a multiple of 4 (4 heads), at least 4")
+    if problem := device_problem(args.device):
+        p.error(f"--device: {problem}")
     torch.set_num_threads(args.threads)
     tok = build_tokenizer(make_tasks("all"))
     size = {"max_position_embeddings": 512}

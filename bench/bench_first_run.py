@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from lrl.cli import OneLineParser
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 40.0
 
@@ -35,10 +37,14 @@ def first_run() -> float:
         return seconds
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    p = OneLineParser(
+        prog="bench_first_run.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats: {args.repeats} is not allowed; it must be at least 1")
     print(f"first `python train.py` with an empty cache ({os.cpu_count()} CPU cores):")
     times = [first_run() for _ in range(args.repeats)]
     med = statistics.median(times)

@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
+from lrl.cli import OneLineParser  # noqa: E402
 from lrl_lab.experiments.calibrate import SKIP, steps_per_s  # noqa: E402
 from lrl_lab.experiments.stats import mean_se  # noqa: E402
 from lrl_lab.experiments.workload import RUN_FLAGS, WORKLOAD, train_command  # noqa: E402  the same train.py flags as the experiment
@@ -84,7 +85,9 @@ def group_durations(n: int, seed: int = 0) -> list[float]:
     cfg = resolve(parse_args(["--seed", str(seed)]))  # a named model -> its folder, as a run's preflight does
     tok = run_tokenizer(cfg.policy)
     spec = make_env(cfg, tok)
-    policy = (load_model(cfg.policy, spec.tok) or spec.warm_start()).eval()  # the run's base, as train.py starts
+    policy = (
+        load_model(cfg.policy, spec.tok) or spec.warm_start()
+    ).eval()  # the run's base, as train.py starts
     sampler = make_sampler(cfg, spec.tok)
     sampler.setup(policy, 0)
     gen = torch.Generator().manual_seed(seed)
@@ -285,15 +288,23 @@ def slotted_main(args) -> int:
     return 0
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    p = OneLineParser(
+        prog="bench_pipeline.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--backends", action="store_true", help="local processes against Ray actors (needs ray)")
     p.add_argument(
         "--slotted", action="store_true", help="64 slots with slow tools: sync against async 1 and 2"
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats: {args.repeats} is not allowed; it must be at least 1")
+    if args.steps < SKIP + 2:  # a rate is taken between the end of step SKIP and the end of the last
+        p.error(
+            f"--steps: {args.steps} is not allowed; a rate leaves out the first {SKIP} steps, so at least {SKIP + 2}"
+        )
     if args.backends:
         return backends_main(args)
     if args.slotted:

@@ -16,13 +16,14 @@ difference measured). Nothing is asserted.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lightning as L  # noqa: E402
+
+from lrl.cli import OneLineParser  # noqa: E402
 
 ARMS = ("recompute", "rollout")
 PHASES = ("sample", "old_logp", "update", "shift", "sync")
@@ -63,18 +64,24 @@ def table(history: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="bench_proximal.py", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=8, help="training steps, the two arms taking turns")
     p.add_argument("train_flags", nargs="*", help="train.py flags for both arms (after --)")
     args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error(f"--steps: {args.steps} is not allowed; the two arms take turns, so at least 2")
     from bench_real_model import machine
 
     from lrl.arguments import parse_args
+    from lrl.config import ConfigError
     from lrl.run import build_run
 
     flags = ["--env", "calc", "--max-steps", str(args.steps), "--freeze-policy", "true", "--eval-at-start"]
     flags += ["false", "--progress", "false", *args.train_flags]
-    cfg = parse_args(flags)
+    try:
+        cfg = parse_args(flags)
+    except ConfigError as err:
+        p.error(f"train.py flags: {err}")
     # no held-out evaluation: it would cost both arms alike, and minutes
     run = build_run(cfg, callbacks=[Alternate()], logger=False, limit_val_batches=0)
     print(f"machine: {machine()}")  # after the run set its threads

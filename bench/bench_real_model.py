@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from lrl.cli import OneLineParser  # noqa: E402
+
 
 def machine() -> str:
     from lrl.precision import cpu_bf16_features, cpu_model
@@ -96,7 +98,9 @@ def decode_rows(model, tok, batches, new_tokens, repeats, skip_vllm, limits):
             gen = torch.Generator().manual_seed(0)
             with torch.no_grad():
                 s = best(lambda m=m: engine_generate(m, prompts, new_tokens, gen, tok.pad_id), repeats)  # noqa: B023
-            rows.append((f"lrl engine {dtype}", b, tokens / s, tokens * flops_per_token / s / 1e9, limits[dtype]))
+            rows.append(
+                (f"lrl engine {dtype}", b, tokens / s, tokens * flops_per_token / s / 1e9, limits[dtype])
+            )
             s = best(lambda m=m: hf_generate(m, prompts, new_tokens, tok.pad_id), repeats)  # noqa: B023
             rows.append((f"transformers generate {dtype}", b, tokens / s, tokens * flops_per_token / s / 1e9,
                          limits[dtype]))  # fmt: skip
@@ -148,7 +152,9 @@ def training_rows(model, repeats, limits):
 
         s = best(step, repeats)
         tokens = ids.numel()
-        rows.append((f"train step {precision}", 16, tokens / s, 6 * params * tokens / s / 1e9, limits[precision]))
+        rows.append(
+            (f"train step {precision}", 16, tokens / s, 6 * params * tokens / s / 1e9, limits[precision])
+        )
     return rows
 
 
@@ -175,8 +181,29 @@ def sync_rows(model, skip_vllm):
     return rows
 
 
+def model_problem(value: str) -> str | None:
+    """Why a bench's --model cannot be a model, told before anything loads (None: a named model or a folder, which
+    the load then reads; :func:`load_checked` turns what it finds wrong there into one line too)."""
+    from lrl.models import NAMED_MODELS, is_named
+
+    if is_named(value) or Path(value).is_dir():
+        return None
+    return f"--model: {value!r} is neither a named model ({', '.join(NAMED_MODELS)}) nor a folder"
+
+
+def load_checked(parser, value: str, device: str = "cpu"):
+    """lrl_lab.tools.mismatch.load_model(value, device), where a model that cannot be loaded (a wheel not installed,
+    a folder that holds no model) ends the bench with the parser's one line, not a traceback."""
+    from lrl_lab.tools.mismatch import load_model
+
+    try:
+        return load_model(value, device)
+    except ValueError as err:  # ModelUnavailable, ModelLoadError: each names the model and what is wrong
+        parser.error(f"--model: {err}")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="bench_real_model.py", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32, 64])
@@ -184,10 +211,12 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--skip-vllm", action="store_true")
     args = p.parse_args(argv)
+    if min(args.threads, args.new_tokens, args.repeats, *args.batches) < 1:
+        p.error("--threads, --batches, --new-tokens and --repeats must be at least 1")
+    if problem := model_problem(args.model):
+        p.error(problem)
     torch.set_num_threads(args.threads)
-    from lrl_lab.tools.mismatch import load_model
-
-    model, tok = load_model(args.model, "cpu")
+    model, tok = load_checked(p, args.model)
     params = sum(q.numel() for q in model.parameters())
     print(f"machine: {machine()}")
     print(f"model: {args.model}, {params / 1e6:.1f}M parameters")

@@ -19,19 +19,22 @@ import argparse
 import torch
 from bench_engine import interleaved
 
+from lrl.cli import OneLineParser
 from lrl.decoding import inverse_cdf_tokens, sample_tokens
 
 VOCABS = {"smollm2-135m": 49_152, "qwen3-0.6b": 151_936}
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = OneLineParser(
+        prog="bench_sampling.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=32, help="sequences in the decode batch")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
+    if min(args.rows, args.repeats, args.threads) < 1:
+        parser.error("--rows, --repeats and --threads must be at least 1")
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     print(f"{args.rows} rows | {args.threads} CPU thread(s) | ms a decode step, best of {args.repeats}")

@@ -27,6 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SANDBOX = "lrl/envs/codefix/sandbox"
+sys.path.insert(0, str(ROOT))
+
+from lrl.cli import OneLineParser  # noqa: E402
+
 SOURCE = "def double(x):\n    return 2 * x\n"
 CALLS, EXPECT = ["double(21)"], [{"value": 42}]
 
@@ -42,6 +46,20 @@ def load_harness(folder: Path, name: str):
     finally:
         sys.path.remove(str(folder))
     return module
+
+
+def revision_of(revision: str) -> tuple[str | None, str]:
+    """The full hash of the commit `revision` names, and why it cannot serve as the baseline ('' where it can): it
+    must be a commit of this repository (never read as an option of git's) whose tree holds the sandbox."""
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "--end-of-options", f"{revision}^{{commit}}"],
+                           cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    commit = found.stdout.strip() if found.returncode == 0 else ""
+    if not commit:
+        return None, f"--baseline: {revision!r} is not a commit of this repository (git rev-parse finds none)"
+    has = subprocess.run(["git", "cat-file", "-e", f"{commit}:{SANDBOX}"], cwd=ROOT, capture_output=True)
+    if has.returncode != 0:
+        return None, f"--baseline: {revision} has no {SANDBOX} (the sandbox came after it)"
+    return commit, ""
 
 
 def baseline_harness(revision: str, into: Path):
@@ -98,11 +116,20 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    p = OneLineParser(
+        prog="bench_sandbox.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--runs", type=int, default=100, help="runs per level and harness (default 100)")
     p.add_argument("--baseline", default=None, metavar="REV", help="also time this git revision's harness")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error(f"--runs: {args.runs} is not allowed; it must be at least 1")
+    baseline = None
+    if args.baseline is not None:
+        baseline, problem = revision_of(args.baseline)
+        if problem:
+            p.error(problem)
     uid = (
         1_999_000 if os.geteuid() == 0 else None
     )  # as root, an unused user id, as the pool gives its workers
@@ -114,8 +141,8 @@ def main() -> int:
 
         current.adopt_orphans()  # as an environment worker does: this tree kills what a run leaves
         harnesses = {"this tree": current}
-        if args.baseline:
-            harnesses[args.baseline] = baseline_harness(args.baseline, Path(tmp) / "baseline")
+        if baseline:
+            harnesses[args.baseline] = baseline_harness(baseline, Path(tmp) / "baseline")
         setups = {}
         for label, harness in harnesses.items():
             root = os.path.join(tmp, label.replace(" ", "-"))

@@ -22,14 +22,16 @@ needs (steps + eta) x slots durations; rows the pool cannot feed are skipped and
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 import tracemalloc
 
 import torch
 
+from lrl.cli import OneLineParser
 from lrl_lab.sim import agent_episode_durations, simulate_pipeline
+from lrl_lab.sim.limits import MAX_POOL, MAX_SEED, MAX_SLOTS
+from lrl_lab.sim.options import int_in
 from lrl_lab.sim.reference import scan_reference
 
 COMPARED = ("throughput", "gen_util", "staleness_mean", "staleness_max", "staleness_hist", "trained_duration")
@@ -163,32 +165,39 @@ def load_rows(
             print(f"  {slots:,} slots: " + ", ".join(parts))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None) -> int:
+    # each count checked as it is parsed, within the simulator's own limits (lrl_lab.sim.limits)
+    slots, count = int_in(1, MAX_SLOTS), int_in(1, 1_000_000)
+    p = OneLineParser(prog="bench_simulate.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--slots",
-        type=int,
+        type=slots,
         nargs="+",
         default=[64, 256, 1024, 2048, 4096, 16384, 65536, 262144, 1048576],
         help="slots of the scale rows",
     )
-    p.add_argument("--compare-slots", type=int, default=2048, help="slots of the reference comparison")
+    p.add_argument("--compare-slots", type=slots, default=2048, help="slots of the reference comparison")
     p.add_argument(
-        "--compare-repeats", type=int, default=3, help="runs of each in the comparison (the best counts)"
+        "--compare-repeats", type=count, default=3, help="runs of each in the comparison (the best counts)"
     )
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--eta", type=int, default=2)
+    p.add_argument("--steps", type=count, default=20)
+    p.add_argument("--eta", type=int_in(0, 10_000), default=2)
     p.add_argument(
-        "--n-durations", type=int, default=22 << 20, help="pool size; (steps + eta) x slots feeds a row"
+        "--n-durations",
+        type=int_in(1, MAX_POOL),
+        default=22 << 20,
+        help="pool size; (steps + eta) x slots feeds a row",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_in(0, MAX_SEED), default=0)
     p.add_argument(
         "--memory", action="store_true", help="also measure the peak Python heap (slow: tracemalloc)"
     )
-    p.add_argument("--threads", type=int, default=1, help="torch threads (the simulator runs on one core)")
+    p.add_argument(
+        "--threads", type=int_in(1, 1024), default=1, help="torch threads (the simulator runs on one core)"
+    )
     p.add_argument(
         "--load-slots",
-        type=int,
+        type=slots,
         nargs="*",
         default=[64, 1024, 16384],
         help="slots of the event-by-event load model's rows (none: skip them; 16,384 takes about 30 s, 65,536 "
@@ -196,7 +205,7 @@ def main() -> int:
     )
     p.add_argument(
         "--windowed-slots",
-        type=int,
+        type=slots,
         nargs="*",
         default=[1024, 16384, 262144, 1048576],
         help="slots of the windowed load model's rows (lrl_lab.sim.windowed; 1,048,576 takes about 50 s)",
@@ -207,7 +216,9 @@ def main() -> int:
         default=1.0,
         help="the windowed model's window, in engine steps (the model's own default is 1 for actions of 40 tokens)",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if not (math.isfinite(args.window_steps) and args.window_steps > 0):
+        p.error(f"--window-steps: {args.window_steps} is not allowed; it must be a finite number above 0")
     torch.set_num_threads(args.threads)
 
     start = time.perf_counter()

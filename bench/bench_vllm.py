@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lrl.cli import OneLineParser  # noqa: E402
+
 
 def timed(fn, repeats: int) -> list[float]:
     fn()  # warm-up
@@ -148,15 +150,19 @@ def sync_ms(shape: str) -> tuple[int, float]:
     return params, statistics.median(times)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    p = OneLineParser(
+        prog="bench_vllm.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--shapes", nargs="+", default=["tiny", "mini"], choices=("tiny", "mini", "qwen3-0.6b"))
     p.add_argument(
         "--sync-shapes", nargs="+", default=["tiny", "mini"], choices=("tiny", "mini", "qwen3-0.6b")
     )
     p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.repeats < 1 or args.threads < 1:
+        p.error("--repeats and --threads must be at least 1")
     from lrl.samplers.vllm import ENGINE_ENV, vllm_missing
 
     missing = vllm_missing()

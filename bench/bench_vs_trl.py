@@ -20,7 +20,7 @@ every step are printed, so that both can be seen to learn. Nothing is asserted.
 
 from __future__ import annotations
 
-import argparse
+import math
 import multiprocessing as mp
 import statistics
 import sys
@@ -31,6 +31,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "plugins"))
+
+from lrl.cli import OneLineParser  # noqa: E402
+from lrl.options import MAX_INT  # noqa: E402
 
 INSTALL = "pip install -r requirements/trl.txt"
 EPISODES = 32  # 4 problems x 8 samples
@@ -166,7 +169,7 @@ def same_prompt_tokens(model_dir: str) -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="bench_vs_trl.py", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="a named model or a save_pretrained folder")
     p.add_argument("--steps", type=int, default=4, help="measured steps of each trainer (after the warm-up)")
     p.add_argument("--warmup", type=int, default=1, help="steps of each trainer before the measured ones")
@@ -174,21 +177,34 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.steps < 1 or args.threads < 1 or args.warmup < 0:
+        p.error("--steps and --threads must be at least 1, --warmup at least 0")
+    if not (math.isfinite(args.lr) and args.lr > 0) or not 0 <= args.seed <= MAX_INT:
+        p.error(
+            f"--lr must be a finite number above 0 (got {args.lr:g}), --seed in [0, {MAX_INT}] (got {args.seed})"
+        )
+    from bench_real_model import machine, model_problem
+
+    if problem := model_problem(args.model):
+        p.error(problem)
     if trl_missing():
         print(f"bench_vs_trl: TRL is not installed; {INSTALL}")
         return 0
-    from bench_real_model import machine
-
     from lrl.models import resolve_model
 
-    args.model_dir = str(resolve_model(args.model)) if not Path(args.model).is_dir() else args.model
+    try:
+        args.model_dir = str(resolve_model(args.model)) if not Path(args.model).is_dir() else args.model
+    except ValueError as err:  # the named model's wheel is not installed
+        p.error(f"--model: {err}")
     import torch
 
     torch.set_num_threads(args.threads)
     print(f"machine: {machine()}")
     import trl
 
-    print(f"TRL {trl.__version__}; the same prompt tokens on both sides: {same_prompt_tokens(args.model_dir)}")
+    print(
+        f"TRL {trl.__version__}; the same prompt tokens on both sides: {same_prompt_tokens(args.model_dir)}"
+    )
     ctx = mp.get_context("spawn")
     workers = {}
     for name, fn in (("TRL", trl_worker), ("lrl", lrl_worker)):
@@ -238,7 +254,11 @@ def report(steps: dict, warmup: int) -> None:
         median = statistics.median(s for s, _ in trained)
         tokens = statistics.median(i["tokens"] for _, i in trained)
         rates[name] = (EPISODES / median, tokens / median)
-        extra = f"; {len(skipped)} skipped for want of signal (median {statistics.median(skipped):.1f} s)" if skipped else ""
+        extra = (
+            f"; {len(skipped)} skipped for want of signal (median {statistics.median(skipped):.1f} s)"
+            if skipped
+            else ""
+        )
         print(f"{name:<4} median step {median:6.2f} s over {len(trained)} steps that trained{extra}: "
               f"{rates[name][0]:.2f} episodes/s, {rates[name][1]:.0f} trained tokens/s")  # fmt: skip
     if len(rates) == 2:

@@ -15,10 +15,11 @@ differs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from lrl.cli import OneLineParser
 
 
 def load(path: Path) -> list[dict]:
@@ -80,11 +81,17 @@ def compare(before: Path, after: Path, noise: set[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="compare_histories.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("before", type=Path, help="folder of the histories before the change")
     parser.add_argument("after", type=Path, help="folder of the same runs' histories after it")
     parser.add_argument("--noise", type=Path, help="BEFORE's runs recorded again: their wall-clock keys")
     args = parser.parse_args(argv)
+    for name in ("before", "after", "noise"):  # a missing folder would compare nothing and pass
+        folder = getattr(args, name)
+        if folder is not None and not folder.is_dir():
+            parser.error(f"{name.upper()}: {str(folder)!r} is not a folder")
+    if not any(args.before.glob("*.jsonl")):
+        parser.error(f"BEFORE: {str(args.before)!r} holds no history (*.jsonl) to compare")
     noise: set[str] = set()
     if args.noise is not None:
         for path in sorted(args.before.glob("*.jsonl")):

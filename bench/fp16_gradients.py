@@ -12,13 +12,15 @@ Nothing is asserted: the figures are read side by side.
 
 from __future__ import annotations
 
-import argparse
+import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+
+from lrl.cli import OneLineParser  # noqa: E402
 
 
 def gradient(model, ids, positions, advantage, precision: str, scale: float = 1.0) -> torch.Tensor:
@@ -35,7 +37,7 @@ def gradient(model, ids, positions, advantage, precision: str, scale: float = 1.
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="fp16_gradients.py", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="a named model or a save_pretrained folder")
     p.add_argument("--layers", type=int, default=None, help="cut the model to its first N layers")
     p.add_argument("--rows", type=int, default=8)
@@ -43,16 +45,27 @@ def main(argv=None) -> int:
     p.add_argument("--scales", type=float, nargs="+", default=[1.0, 256.0, 4096.0])
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    from bench_real_model import machine
+    if min(args.rows, args.threads) < 1 or args.tokens < 2 or (args.layers is not None and args.layers < 1):
+        p.error(
+            "--rows, --threads and --layers must be at least 1, --tokens at least 2 (the second half is scored)"
+        )
+    if bad := [s for s in args.scales if not (math.isfinite(s) and s > 0)]:
+        p.error(f"--scales: {bad[0]:g} is not allowed; a loss scale is a finite number above 0")
+    from bench_real_model import machine, model_problem
 
+    if problem := model_problem(args.model):
+        p.error(problem)
+    torch.set_num_threads(args.threads)
     from lrl.models import cut_down, is_named, resolve_model
     from lrl.policy import load_policy
 
-    path = resolve_model(args.model, verbose=False) if is_named(args.model) else Path(args.model)
-    if args.layers:
-        path = cut_down(path, args.layers)
-    model = load_policy(str(path))[0].float().eval()
+    try:  # a wheel not installed, a folder of no model, more layers than it has: one line each
+        path = resolve_model(args.model, verbose=False) if is_named(args.model) else Path(args.model)
+        if args.layers:
+            path = cut_down(path, args.layers)
+        model = load_policy(str(path))[0].float().eval()
+    except ValueError as err:
+        p.error(f"--model: {err}")
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (args.rows, args.tokens), generator=gen)
     positions = torch.zeros(args.rows, args.tokens - 1, dtype=torch.bool)

@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from lrl.cli import OneLineParser  # noqa: E402
+
 GROUPS = {
     "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm"),
     "attention, other": ("aten::_softmax", "aten::softmax", "aten::cat", "aten::copy_", "aten::index_copy_",
@@ -61,7 +63,9 @@ def linear_floor(model, batch: int, repeats: int = 20) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(
+        prog="profile_decode.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="smollm2-135m", help="a named model or a save_pretrained folder")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
@@ -70,14 +74,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.batch < 1 or args.new_tokens < 1 or args.threads < 1:
         p.error("--batch, --new-tokens and --threads must be at least 1")
-    torch.set_num_threads(args.threads)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_real_model import machine, prompts_of
+    from bench_real_model import load_checked, machine, model_problem, prompts_of
 
+    if problem := model_problem(args.model):
+        p.error(problem)
+    torch.set_num_threads(args.threads)
     from lrl.kvcache import engine_generate
-    from lrl_lab.tools.mismatch import load_model
 
-    model, tok = load_model(args.model, "cpu")
+    model, tok = load_checked(p, args.model)
     if args.dtype == "bf16":
         model = copy.deepcopy(model).to(torch.bfloat16)
     prompts = prompts_of(tok, args.batch)

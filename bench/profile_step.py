@@ -21,7 +21,6 @@ choosing what to change, and checking that a change did what it was meant to.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -32,7 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-PHASES = ("prefill", "decode", "draw", "sample, rest", "old_logp", "forward", "backward", "optimizer", "other")
+from lrl.cli import OneLineParser  # noqa: E402
+
+PHASES = (
+    "prefill",
+    "decode",
+    "draw",
+    "sample, rest",
+    "old_logp",
+    "forward",
+    "backward",
+    "optimizer",
+    "other",
+)
 
 
 class Timers:
@@ -104,23 +115,42 @@ def split(raw: dict[str, float], step_seconds: float) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="profile_step.py", description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=4, help="training steps to time")
-    p.add_argument("--eval-episodes", type=int, default=64, help="held-out episodes of the timed evaluation (0: none)")
+    p.add_argument(
+        "--eval-episodes", type=int, default=64, help="held-out episodes of the timed evaluation (0: none)"
+    )
     p.add_argument("train_args", nargs="*", help="train.py flags (after --)")
     args = p.parse_args(argv)
+    if args.steps < 1 or args.eval_episodes < 0:
+        p.error(
+            f"--steps must be at least 1 (got {args.steps}), --eval-episodes at least 0 (got {args.eval_episodes})"
+        )
 
     import lightning as L
 
     from lrl.arguments import parse_args
+    from lrl.config import ConfigError
     from lrl.run import build_run, fit
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_real_model import machine
 
     flags = ["--env", "calc", *args.train_args]
-    flags += ["--max-steps", str(args.steps), "--eval-at-start", "false", "--eval-every", "100000", "--progress", "false"]
-    cfg = parse_args(flags)
+    flags += [
+        "--max-steps",
+        str(args.steps),
+        "--eval-at-start",
+        "false",
+        "--eval-every",
+        "100000",
+        "--progress",
+        "false",
+    ]
+    try:
+        cfg = parse_args(flags)
+    except ConfigError as err:
+        p.error(f"train.py flags: {err}")
     timers = Timers()
     instrument(timers)
     rows: list[tuple[int, float, dict, bool]] = []

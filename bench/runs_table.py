@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import statistics
 import sys
 from pathlib import Path
 
+from lrl.cli import OneLineParser
 from lrl_lab.tools.plot_run import read_events
 
 
@@ -69,27 +71,32 @@ def fmt(values: list, digits: int = 3) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = OneLineParser(
+        prog="runs_table.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("rows", nargs="+", help="LABEL=GLOB, one a row")
     parser.add_argument(
         "--learned", type=float, default=0.15, help="gain of held-out pass rate that counts as learned"
     )
     args = parser.parse_args(argv)
+    if not math.isfinite(args.learned):
+        parser.error(f"--learned: {args.learned} is not allowed; it must be a finite gain")
+    rows = []  # every row's runs found before the table starts: a glob that names none is a mistake, not a row
+    for row in args.rows:
+        label, sep, pattern = row.partition("=")
+        if not sep:
+            parser.error(f"{row!r}: want LABEL=GLOB")
+        folders = run_folders(pattern)
+        if not folders:
+            parser.error(f"{label}: no run folder matches {pattern!r}")
+        rows.append((label, folders))
     print(
         "| row | seeds | held-out, first -> last (each seed) | last, mean +- s.e. | gain | learned | mismatch (nats) "
         "| over cap | ESS | wall (min) |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for row in args.rows:
-        label, sep, pattern = row.partition("=")
-        if not sep:
-            parser.error(f"{row!r}: want LABEL=GLOB")
-        runs = [one_run(r) for r in run_folders(pattern)]
-        if not runs:
-            print(f"{label}: no run folder matches {pattern}", file=sys.stderr)
-            continue
+    for label, folders in rows:
+        runs = [one_run(r) for r in folders]
         each = ", ".join(f"{r['held'][0][1]:.3f} -> {r['held'][-1][1]:.3f}" for r in runs)
         walls = [r["wall"] / 60 if r["wall"] else None for r in runs]
         print(
