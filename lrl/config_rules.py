@@ -148,59 +148,61 @@ def _batch_rules(batch: BatchOptions, run: RunOptions) -> list[str]:
 
 
 def _loss_rules(update: UpdateOptions, weighting: WeightingOptions) -> list[str]:
-    """The loss, the proximal policy and the correction fit together: pg has no ratio to a proximal policy; the dual
-    clip lies above the upper clip; under proximal rollout the clipped and CISPO losses' own ratio pi / mu is the
-    correction (a weight on top would count it twice); a correction that reads the whole batch needs every row's
-    pi_old before the first minibatch's loss."""
+    """The update's parts fit together, as each declares itself (lrl.losses.LossTraits, lrl.proximal.ProximalTraits,
+    lrl.masks.MaskTraits; no name is compared here): a proximal policy that approximates pi_prox for a ratio needs a
+    loss with one; where pi_prox is mu itself, a loss's own ratio pi / mu is the correction (a weight on top would
+    count it twice); a correction that reads the whole batch needs every row's pi_old before the first minibatch's
+    loss; a loss whose ratio is its episode's takes no mask that drops single tokens (the ratio would change), and
+    one that reads one advantage an episode no weight a token apiece."""
+    from lrl.losses import loss_traits
+    from lrl.masks import mask_traits
+    from lrl.proximal import proximal_traits
     from lrl.weights import whole_batch
 
+    loss, proximal = loss_traits(update.loss), proximal_traits(update.proximal)
+    weighted = weighting.correction != "none"
     problems = []
-    if update.loss == "pg" and update.proximal == "interpolate":
+    if proximal.approximates and loss.ratio is None:
         problems.append(
-            "proximal: interpolate approximates pi_prox for a loss's ratio, and loss pg has none; "
+            f"proximal: {update.proximal} approximates pi_prox for a loss's ratio, and loss {update.loss} has none; "
             "use proximal recompute or rollout"
         )
-    if update.proximal == "rollout" and update.loss != "pg" and weighting.correction != "none":
+    if proximal.is_mu and loss.ratio is not None and weighted:
         problems.append(
-            f"correction: with proximal rollout the {update.loss} loss's own ratio pi / mu carries the correction, and "
-            f"{weighting.correction!r} weights on top would count it twice; use loss pg (whose weights are the "
-            "correction), proximal recompute, or a mask"
-        )
-    if update.dual_clip and update.dual_clip <= 1.0 + update.eps_high:
-        problems.append(
-            f"dual_clip: {update.dual_clip} must be above the upper clip 1 + eps_high = {1.0 + update.eps_high} "
-            "(a negative-advantage token's ratio past it loses its gradient), or 0 for off"
+            f"correction: with proximal {update.proximal} the {update.loss} loss's own ratio pi / mu carries the "
+            f"correction, and {weighting.correction!r} weights on top would count it twice; use loss pg (whose "
+            "weights are the correction), proximal recompute, or a mask"
         )
     batch = whole_batch(weighting)
-    if batch and update.proximal != "recompute":
+    if batch and not proximal.scores_pi_old:
         problems.append(
             f"{', '.join(batch)}: reads the whole batch's pi_old before the first minibatch's loss, and proximal "
             f"{update.proximal} scores none; use proximal recompute"
         )
+    if loss.ratio == "sequence":
+        for name in weighting.masks:
+            if mask_traits(name, weighting).level == "token":
+                problems.append(
+                    f"masks: {name} drops single tokens, which changes the {update.loss} loss's ratio of each episode "
+                    "(the mean over its tokens); use a mask that keeps or drops whole episodes (opsm, or kl with "
+                    "kl_level seq_mean, seq_sum or seq_max)"
+                )
+    if loss.episode_advantage and weighted and weighting.level == "token":
+        problems.append(
+            f"level: token gives each token a weight of its own, and loss {update.loss} reads one advantage an "
+            "episode; use level sequence or geometric"
+        )
     return problems
 
 
-# the losses that read each clip (lrl.losses.policy_loss): pg has none, CISPO truncates at 1 + eps_high alone
-CLIP_READERS = {"eps_low": ("clipped",), "eps_high": ("clipped", "cispo")}
-
-
 def _unread_rules(update: UpdateOptions, weighting: WeightingOptions) -> list[str]:
-    """Update options set where nothing reads them, which would otherwise be ignored without a word: a clip the loss
-    has not (eps_low with a loss other than clipped, eps_high with pg), a level with a correction that takes no ratio at
-    one (none, or an entry whose uses leave it out) and no normalize, a normalize of correction none's weights (all
-    1)."""
+    """Weighting options set where nothing reads them, which would otherwise be ignored without a word: a level with a
+    correction that takes no ratio at one (none, or an entry whose uses leave it out) and no normalize, a normalize
+    of correction none's weights (all 1). (A loss's or an aggregation's options are scoped to their registries: one
+    that no chosen entry reads is _registry_rules'.)"""
     from lrl.registry import CORRECTIONS
 
     problems = []
-    for key, losses in CLIP_READERS.items():
-        value = getattr(update, key)
-        if OPTIONS[key].meta.get("scope"):
-            continue  # an option scoped to the losses' registry: _registry_rules reads its entries' uses
-        if update.loss not in losses and value != OPTIONS[key].default:
-            only = " or ".join(losses)
-            problems.append(
-                f"{key}: {value} is not used with loss: {update.loss}; it applies only with loss: {only}"
-            )
     reads_level = "level" in CORRECTIONS.get(weighting.correction).uses
     if weighting.correction == "none" and weighting.normalize:  # its weights are the action mask, of mean 1
         problems.append(

@@ -216,3 +216,10 @@ def scored_in_rows(
     if entropy:
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     return torch.cat(parts)
+
+
+def prompt_lengths(action_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's prompt length: the tokens before its first action token ([B, T-1] -> [B]; 1 for a row with
+    none, so that it shares nothing)."""
+    on = action_mask.bool()
+    return torch.where(on.any(-1), on.float().argmax(-1) + 1, 1)

@@ -16,11 +16,12 @@ apart is past any threshold either way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from lrl.registry import MASKS
+from lrl.registry import MASKS, supply
 from lrl.sections.training import ESTIMATORS, KL_LEVELS
 
 if TYPE_CHECKING:
@@ -28,6 +29,21 @@ if TYPE_CHECKING:
 
 SAFE_LOG_RATIO = 80.0  # exp(80) ~ 5.5e34: k3 of a token stays finite in float64, summed over any episode
 register_mask = MASKS.register  # fn(logp_trainer, logp_sampler, mask, advantage, options) -> keep [B, T]
+
+
+@dataclass(frozen=True)
+class MaskTraits:
+    """What a mask drops, which the rules on the update's parts read: ``"token"`` (single tokens of an episode) or
+    ``"sequence"`` (whole episodes only: a loss whose ratio is its episode's keeps that ratio whole)."""
+
+    level: str = "token"
+
+
+def mask_traits(name: str, weighting: WeightingOptions) -> MaskTraits:
+    """The traits mask `name` declares with the run's `weighting` options (none declared: it may drop single
+    tokens)."""
+    entry = MASKS[name]
+    return supply(entry.traits, None, weighting=weighting) if entry.traits is not None else MaskTraits()
 
 
 def token_divergence(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -116,7 +132,13 @@ def _check_kl(weighting: WeightingOptions) -> list[str]:
     return []
 
 
-@register_mask("kl", uses=("kl_estimator", "kl_level", "kl_threshold"), check=_check_kl, per_row=True)
+@register_mask(
+    "kl",
+    uses=("kl_estimator", "kl_level", "kl_threshold"),
+    check=_check_kl,
+    per_row=True,
+    traits=lambda weighting: MaskTraits("token" if weighting.kl_level == "token" else "sequence"),
+)
 def _kl(logp_trainer, logp_sampler, mask, advantage, options) -> torch.Tensor:
     """drop where a k1/k2/k3 estimate of KL(mu || pi_old), per token or per episode, passes kl_threshold"""
     return kl_keep(
@@ -124,13 +146,13 @@ def _kl(logp_trainer, logp_sampler, mask, advantage, options) -> torch.Tensor:
     )
 
 
-@register_mask("opsm", uses=("opsm_threshold",), per_row=True)
+@register_mask("opsm", uses=("opsm_threshold",), per_row=True, traits=lambda: MaskTraits("sequence"))
 def _opsm(logp_trainer, logp_sampler, mask, advantage, options) -> torch.Tensor:
     """off-policy sequence mask: drop negative-advantage episodes whose mean log(mu / pi_old) passes opsm_threshold"""
     return opsm_keep(logp_trainer, logp_sampler, mask, advantage, options.opsm_threshold)
 
 
-@register_mask("m2po", uses=("m2_threshold",))
+@register_mask("m2po", uses=("m2_threshold",), traits=lambda: MaskTraits("token"))
 def _m2po(logp_trainer, logp_sampler, mask, advantage, options) -> torch.Tensor:
     """second-moment mask: drop the largest squared log-ratios until the batch's mean is at most m2_threshold"""
     return m2_keep(logp_trainer, logp_sampler, mask, options.m2_threshold)

@@ -1,34 +1,31 @@
-"""The trainer: a LightningModule that takes the decoupled clipped update on batches from a behavior sampler.
+"""The trainer: a LightningModule that takes the decoupled update on batches from a behavior sampler.
 
-One training step, read top to bottom in :meth:`OffPolicyModule.training_step`: pull the batch (sampled
-now, with the sampler's current weights), recompute ``old_logp`` with the trainer's policy, turn
-pi_old/mu into behavior weights (the configured correction), take ``minibatches`` clipped updates with
-per-token advantages ``w * A``, publish the new weights to the rollout source, and publish the step's record
-(:class:`StepRecord`, read by the callbacks) and metrics. ``global_step`` counts sampled batches, which is
+One training step, read top to bottom in :meth:`OffPolicyModule.training_step`: pull the batch (sampled now, with
+the sampler's current weights), score pi_old where the proximal policy needs it and turn pi_old/mu into behavior
+weights (:meth:`OffPolicyModule.prepare`), take ``minibatches`` updates of the objective the run chose (proximal
+policy, loss and aggregation: lrl.objective), publish the new weights to the rollout source, and publish the step's
+record (:class:`StepRecord`, read by the callbacks) and metrics. ``global_step`` counts sampled batches, which is
 also the policy version. The path of a batch is drawn in docs/architecture.md.
 
 Each piece of work is done once: with one minibatch the update's forward is pi_old's (no separate pass,
 :meth:`OffPolicyModule.fuses_old_logp`); on a model planned in microbatches rows of advantage 0 skip the update
 (their tokens stay in the denominator) and a task's rows run their common prompt once (lrl.logprobs).
-``--proximal rollout`` and ``interpolate`` (lrl.proximal) score no pi_old; ``--loss`` picks clipped, pg or CISPO.
 """
-
 from __future__ import annotations
 
-import random
 import time
 
 import lightning as L
 import torch
 
 from lrl.batch import to_device
+from lrl.checkpoint import module_state, restore_module_state
 from lrl.distributed import Ranks
 from lrl.evaluation import heldout
-from lrl.logprobs import scored_in_rows, token_log_probs
-from lrl.losses import LOSS_STATS, policy_loss
+from lrl.logprobs import prompt_lengths, scored_in_rows, token_log_probs
 from lrl.metrics import step_metrics
+from lrl.objective import Objective
 from lrl.precision import LossScale, accelerator_device, autocast, resolve_precision
-from lrl.proximal import forward_correction
 from lrl.stats import policy_shift
 from lrl.step_data import RETAKE, Scored, StepRecord, Stopwatch, merged_ledger
 from lrl.streams import EVALUATION, SHUFFLE, stream_seed
@@ -40,7 +37,7 @@ from lrl.update import (
     check_scored,
     learning_rate,
     live_rows,
-    nonfinite,
+    microbatches,
     not_applied,
     plan_update,
     raise_if_nonfinite,
@@ -70,6 +67,7 @@ class OffPolicyModule(L.LightningModule):
         self.skip_rows = memory is not None and memory.chunked
         self.precision = resolve_precision(cfg.policy.precision, policy, accelerator_device(cfg.run.accelerator))
         self.loss_scale = LossScale(self.precision == "fp16")  # fp16's small gradients would flush to zero
+        self.objective = Objective(cfg)  # the chosen proximal policy, loss and aggregation, built once
         self.automatic_optimization = False  # several optimizer steps per sampled batch
         self.version = 0
         self.shuffle = torch.Generator().manual_seed(stream_seed(cfg.run.seed, SHUFFLE))
@@ -108,46 +106,19 @@ class OffPolicyModule(L.LightningModule):
 
     # -- one step ------------------------------------------------------------------------------------
     def training_step(self, deferred, batch_idx):
-        opts = self.cfg.update
-        weighting = self.cfg.weighting
-        version = self.version
-        ranks = Ranks.of(self)
-        batch = to_device(
-            deferred.get(self.version), self.device
-        )  # sampled here, after the previous weight sync
-        where = f"step {version} (batch {int(batch['index'])})"
+        opts, ranks, version = self.cfg.update, Ranks.of(self), self.version
+        batch = to_device(deferred.get(self.version), self.device)  # sampled here, after the previous weight sync
+        if opts.drop_truncated:  # DAPO's filter: an episode cut by its budget leaves the loss, denominators too
+            batch = dict(batch, action_mask=batch["action_mask"] * (batch["truncated"] == 0)[:, None])
         clock = Stopwatch()
-        keep_all = not self.skip_rows or bool(opts.entropy_coef) or opts.target_kl is not None
-        live = live_rows(batch, keep_all)
-        trim = self.skip_rows
-        mu, advantage = batch["sample_logp"], batch["advantage"]
-        if self.fuses_old_logp():  # the rows the update runs get pi_prox and weights from its forward
-            plan = plan_update(batch, None, None, ranks, opts.minibatches, self.shuffle, where, live, trim)
-            if opts.proximal == "recompute":  # the update's forward is pi_old's: score only the rows it skips
-                # a step without signal runs no forward: score every row
-                apart = ~live if plan.signal else None
-                scored = self.score(batch, apart, entropy=plan.signal)
-                others = batch["action_mask"] * (~live[:, None] if plan.signal else 1)
-                fixed = correct(scored.old_logp, mu, others, advantage, weighting)
-                scored.weights, scored.dropped = fixed.weights, fixed.dropped
-                check_scored(scored.old_logp, scored.weights, others.bool(), ranks, where)
-            else:  # no pi_old forward at all: rows no update forward runs stay out of the metrics
-                scored = Scored.unscored(mu)
-        else:
-            scored = self.score(batch, None, entropy=bool(live.any()))
-            fixed = correct(scored.old_logp, mu, batch["action_mask"], advantage, weighting)
-            scored.weights, scored.dropped = fixed.weights, fixed.dropped
-            plan = plan_update(
-                batch, scored.old_logp, scored.weights, ranks, opts.minibatches, self.shuffle, where, live
-            )
+        plan, scored = self.prepare(batch, ranks, f"step {version} (batch {int(batch['index'])})")
         clock.lap("old_logp")
         guard = UpdateGuard(self.policy, self.optimizers().optimizer) if opts.max_step_kl else None
         # frozen: Adam with lr 0 moves nothing
         lr = 0.0 if opts.freeze_policy else learning_rate(opts, version, self.cfg.run.max_steps)
         updates = self.update(plan, ranks, lr, scored)
-        old_logp, weights = scored.old_logp, scored.weights
         clock.lap("update")
-        shift = self.measure_shift(batch, old_logp, scored.seen) if opts.step_kl else None
+        shift = self.measure_shift(batch, scored.old_logp, scored.seen) if opts.step_kl else None
         clock.lap("shift")  # the step's KL, measured with one more forward pass
         control = {"train/lr": lr, "train/minibatches_done": len(updates or [])}
         if guard is not None:  # the whole step moved the policy too far on its own batch: take it back
@@ -155,19 +126,43 @@ class OffPolicyModule(L.LightningModule):
         self.version += 1
         self.source.publish(self.policy, self.version)  # the weight sync
         clock.lap("sync")
-        laps, dropped, seen = clock.laps, scored.dropped, scored.seen
-        means, maxes = step_metrics(
-            batch, old_logp, weights, updates, version, weighting, laps, shift, control, dropped, seen
-        )
-        metrics = ranks.weighted_means(means, maxes)
-        self.publish(StepRecord(version, batch, old_logp, weights, metrics, seen))
+        old_logp, weights, seen = scored.old_logp, scored.weights, scored.seen
+        means, maxes = step_metrics(batch, old_logp, weights, updates, version, self.cfg.weighting, clock.laps,
+                                    shift, control, scored.dropped, seen)  # fmt: skip
+        self.publish(StepRecord(version, batch, old_logp, weights, ranks.weighted_means(means, maxes), seen))
+
+    def prepare(self, batch, ranks: Ranks, where: str) -> tuple[UpdatePlan, Scored]:
+        """The step's minibatches and what the update needs before its forwards: pi_old scored and the behavior
+        weights made of it, for the rows the update's forward does not score itself (all of them, unless
+        :meth:`fuses_old_logp`); without a pi_old of its own (the proximal policy scores none), nothing."""
+        opts, weighting = self.cfg.update, self.cfg.weighting
+        keep_all = not self.skip_rows or bool(opts.entropy_coef) or opts.target_kl is not None
+        live = live_rows(batch, keep_all)
+        mu, advantage, units = batch["sample_logp"], batch["advantage"], self.objective.units
+        if not self.fuses_old_logp():
+            scored = self.score(batch, None, entropy=bool(live.any()))
+            fixed = correct(scored.old_logp, mu, batch["action_mask"], advantage, weighting)
+            scored.weights, scored.dropped = fixed.weights, fixed.dropped
+            plan = plan_update(batch, scored.old_logp, scored.weights, ranks, opts.minibatches, self.shuffle, where,
+                               live, units=units)  # fmt: skip
+            return plan, scored
+        plan = plan_update(batch, None, None, ranks, opts.minibatches, self.shuffle, where, live, self.skip_rows, units)
+        if not self.objective.proximal.scores_pi_old:  # rows no update forward runs stay out of the metrics
+            return plan, Scored.unscored(mu)
+        # the update's forward is pi_old's: score only the rows it skips (a step without signal runs none: all)
+        scored = self.score(batch, ~live if plan.signal else None, entropy=plan.signal)
+        others = batch["action_mask"] * (~live[:, None] if plan.signal else 1)
+        fixed = correct(scored.old_logp, mu, others, advantage, weighting)
+        scored.weights, scored.dropped = fixed.weights, fixed.dropped
+        check_scored(scored.old_logp, scored.weights, others.bool(), ranks, where)
+        return plan, scored
 
     def fuses_old_logp(self) -> bool:
         """Whether pi_prox and the weights come from the update's own forward: always without a pi_old pass
         (proximal rollout, interpolate); with recompute where one minibatch on the current weights is pi_old's
         forward and each row's weights read that row alone (one reading the whole batch needs pi_old first)."""
-        opts = self.cfg.update
-        return opts.proximal != "recompute" or (opts.minibatches == 1 and not needs_batch(self.cfg.weighting))
+        one = self.cfg.update.minibatches == 1 and not needs_batch(self.cfg.weighting)
+        return not self.objective.proximal.scores_pi_old or one
 
     def update(self, plan: UpdatePlan, ranks: Ranks, lr: float, scored: Scored) -> list[dict] | None:
         """The step's minibatch updates (None: no advantage signal, nothing to learn), stopped early once the
@@ -206,14 +201,14 @@ class OffPolicyModule(L.LightningModule):
         (``mb.old_logp`` None) a minibatch in which no token carries an advantage takes no optimizer step."""
         optimizer = self.optimizers()
         optimizer.zero_grad()
-        parts = self.microbatches(mb, ranks)
+        parts = microbatches(mb, self.memory.train_tokens if self.memory is not None else None, ranks)
         local_tokens = mb.local_tokens
         share = ranks.loss_share(local_tokens, mb.global_tokens)
         st: dict[str, torch.Tensor] = {}
         kl = 0.0
         moved = 0.0
         for rows in parts:
-            loss, part_st, bad, carried = self.microbatch_loss(mb, rows, local_tokens, share, scored)
+            loss, part_st, bad, carried = self.microbatch_loss(mb, rows, scored)
             checked = [*(float(v) for v in bad.values()), float(part_st["approx_kl"]), carried]
             totals = ranks.all_reduce(torch.tensor(checked, dtype=torch.float64)).tolist()
             raise_if_nonfinite(bad, totals[: len(bad)], mb.where, applied=mb.index)
@@ -253,58 +248,25 @@ class OffPolicyModule(L.LightningModule):
         target = self.cfg.update.target_kl
         return target is not None and mb.index > 0 and kl > target
 
-    def microbatch_loss(self, mb: Minibatch, rows: slice | None, local_tokens, share: float, scored: Scored):
-        """Loss of one microbatch (``rows`` of the minibatch; None: this rank holds none of it) -> the loss,
-        its statistics and NaN/inf counts, scaled to their shares of the global per-token mean, and the count of
-        its tokens that carry an advantage. Where ``mb.old_logp`` is None, pi_old is this forward's own log-probs
-        (detached), and the correction's weights are made from them here."""
-        opts = self.cfg.update
-        if rows is not None:
-            mask = mb.action_mask[rows]
-            with autocast(self.precision, self.device):
-                logp, ent = token_log_probs(
-                    self.policy,
-                    mb.ids[rows],
-                    mb.attention_mask[rows],
-                    self.cfg.sampling.temperature,
-                    positions=mask.bool(),
-                    entropy=True,
-                    checkpoint_head=self.checkpoint_head(mask),
-                    prefix=prompt_lengths(mask) if self.skip_rows else None,
-                )
-            bad = {"logp (log pi)": nonfinite(logp[mask.bool()])}
-            if mb.old_logp is None:  # pi_prox and the weights from this forward (pi_old's, with recompute)
-                old_logp, side, fixed = forward_correction(opts, self.cfg.weighting, mb, rows, logp, self.version)
-                weights, token_adv = fixed.weights, mb.advantage[rows, None] * fixed.weights
-                scored.fill(mb.rows[rows], side, weights, fixed.dropped, exact=mb.index == 0)
-                bad = {
-                    "old_logp (log pi_old)": nonfinite(old_logp[mask.bool()]),
-                    "weights": nonfinite(weights[mask.bool()]),
-                }
-            else:
-                old_logp, token_adv = mb.old_logp[rows], mb.token_adv[rows]
-            loss, st = policy_loss(opts, logp, old_logp, token_adv, mask)
-            entropy = (ent * mask).sum() / mask.sum().clamp(min=1.0)
-            if opts.entropy_coef:  # a bonus on the entropy of the action positions (docs/stability.md)
-                loss = loss - opts.entropy_coef * entropy
-            st["entropy"] = entropy.detach()
-            bad["loss"] = nonfinite(loss)
-            part = float(mask.sum() / local_tokens.clamp(min=1))
-            carried = float((token_adv * mask).ne(0).sum())
-        else:  # this rank has no rows in the minibatch: a zero loss keeps the gradient all-reduce in step
-            loss = sum(p.sum() for p in self.policy.parameters()) * 0.0
-            st = {k: torch.zeros((), device=self.device) for k in (*LOSS_STATS, "entropy")}
-            bad = {"logp (log pi)": 0, "loss": 0}
-            if mb.old_logp is None:
-                bad = {"old_logp (log pi_old)": 0, "weights": 0, "loss": 0}
-            part = 1.0
-            carried = 0.0
-        scale = share * part
-        if scale != 1.0:  # this rank's (and microbatch's) share of the global per-token mean
-            loss = loss * scale
-            st = {k: v * scale for k, v in st.items()}
-        st["loss"] = loss.detach()
-        return loss, st, bad, carried
+    def microbatch_loss(self, mb: Minibatch, rows: slice | None, scored: Scored):
+        """Loss of one microbatch (``rows`` of the minibatch; None: this rank holds none of it), from the update's
+        forward, as :class:`lrl.objective.Objective` makes it -> the loss and its statistics, scaled to their shares
+        of the minibatch's, the NaN/inf counts, and the count of its tokens that carry an advantage."""
+        if rows is None:
+            return self.objective.no_rows(mb, self.policy.parameters(), self.device)
+        mask = mb.action_mask[rows]
+        with autocast(self.precision, self.device):
+            logp, ent = token_log_probs(
+                self.policy,
+                mb.ids[rows],
+                mb.attention_mask[rows],
+                self.cfg.sampling.temperature,
+                positions=mask.bool(),
+                entropy=True,
+                checkpoint_head=self.checkpoint_head(mask),
+                prefix=prompt_lengths(mask) if self.skip_rows else None,
+            )
+        return self.objective.rows_loss(mb, rows, logp, ent, scored, Ranks.of(self), self.version)
 
     def checkpoint_head(self, mask: torch.Tensor) -> bool:
         """Whether the LM head recomputes its chunks in the backward pass: only where the memory plan says the
@@ -312,22 +274,6 @@ class OffPolicyModule(L.LightningModule):
         if self.memory is None:
             return False
         return not self.memory.logits_fit(int(mask.sum()))
-
-    def microbatches(self, mb: Minibatch, ranks: Ranks) -> list[slice | None]:
-        """The minibatch's rows in forwards that fit the memory plan: one slice of all rows without a plan or
-        where they fit; every rank gets the same count (None where it has no rows), so DDP's backward calls stay
-        in step."""
-        tokens = self.memory.train_tokens if self.memory is not None else None
-        n, width = mb.ids.shape[0], max(mb.ids.shape[1], 1)
-        per = n if not tokens or n * width <= tokens else max(1, tokens // width)
-        count = -(-n // per) if n else 1
-        if ranks.world > 1:
-            count = int(ranks.all_reduce(torch.tensor([float(count)], dtype=torch.float64), "max").item())
-        if count == 1:
-            return [slice(None)] if n else [None]
-        size = -(-n // count)
-        parts: list[slice | None] = [slice(i, min(i + size, n)) for i in range(0, n, size)]
-        return parts + [None] * (count - len(parts))
 
     @torch.no_grad()
     def score(self, batch, rows: torch.Tensor | None = None, entropy: bool = False) -> Scored:
@@ -394,34 +340,11 @@ class OffPolicyModule(L.LightningModule):
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Add what Lightning does not save: version, shuffle generator, history, sampler versions, RNGs."""
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        checkpoint["lrl"] = {
-            "version": self.version,
-            "skipped": self.skipped,
-            "shuffle": self.shuffle.get_state(),
-            "history": list(self.history),
-            "weights": self.source.weights_state(),
-            "rng": Ranks.of(self).gather_objects(rng),
-            "config": self.cfg.to_dict(),
-            "run_dir": self.run_dir,
-            "loss_scale": self.loss_scale.scale,
-        }
+        """Add what Lightning does not save (lrl.checkpoint.module_state)."""
+        checkpoint["lrl"] = module_state(self)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        state = checkpoint["lrl"]
-        self.version = state["version"]
-        self.skipped = state["skipped"]
-        self.shuffle.set_state(state["shuffle"])
-        self.history = list(state["history"])
-        self.loss_scale.scale = state.get("loss_scale", self.loss_scale.scale)  # older checkpoints have none
-        self.source.load_weights_state(state["weights"])  # applied in on_fit_start, by the source's setup
-        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress", {})
-        if progress.get("is_last_batch") and checkpoint.get("global_step", 0) < self.cfg.run.max_steps:
-            progress["is_last_batch"] = False  # a finished run resumed with a larger --max-steps continues
-        rng = state["rng"][self.global_rank if self._trainer is not None else 0]
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
+        restore_module_state(self, checkpoint)
 
     # -- held-out evaluation -------------------------------------------------------------------------
     def validation_step(self, batch, batch_idx):
@@ -441,10 +364,3 @@ class OffPolicyModule(L.LightningModule):
             # stepped by the policy version, so the held-out point sits at the update count it measures
             self.logger.log_metrics({f"val/{k}": float(stats[k]) for k in keys}, step=self.version)
         return stats
-
-
-def prompt_lengths(action_mask: torch.Tensor) -> torch.Tensor:
-    """Each row's prompt length: the tokens before its first action token ([B, T-1] -> [B]; 1 for a row with
-    none, so that it shares nothing)."""
-    on = action_mask.bool()
-    return torch.where(on.any(-1), on.float().argmax(-1) + 1, 1)

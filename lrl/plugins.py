@@ -11,6 +11,7 @@ listed, and bring their defaults.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,9 @@ BUILTINS = (
     "lrl.pipeline.policies",
     "lrl.weights",
     "lrl.masks",
+    "lrl.losses",
+    "lrl.aggregations",
+    "lrl.proximal",
     "lrl.samplers",
 )
 
@@ -40,6 +44,21 @@ def load_builtins() -> None:
             _loaded.add(name)
 
 
+def import_file(path: Path) -> None:
+    """Import the Python file `path` as the module ``lrl_plugin_<its stem>`` (a plugin kept outside any package)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    module_name = f"lrl_plugin_{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+
+
 def load(plugins: Sequence[str] = ()) -> list[str]:
     """lrl's own entries, then each plugin module (once) -> the problems, as messages (an import error, a name
     registered twice)."""
@@ -49,12 +68,15 @@ def load(plugins: Sequence[str] = ()) -> list[str]:
         if not isinstance(name, str) or not name:
             problems.append(f"plugins: {name!r} is not a module name")
             continue
-        if name in _loaded or name in sys.modules:
+        if name in _loaded or (name in sys.modules and not name.endswith(".py")):
             continue
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))  # `python train.py` from a folder holding the plugin
         try:
-            importlib.import_module(name)
+            if name.endswith(".py"):  # a file anywhere: imported as a module named after it
+                import_file(Path(name))
+            else:
+                importlib.import_module(name)
         except StoppedBeforeTraining:
             sys.modules.pop(name, None)  # a stop signal during the import: the run stops, not a bad plugin
             raise

@@ -1,4 +1,6 @@
-"""The proximal policy pi_prox: the policy the loss's ratio rho = pi / pi_prox is taken against (``--proximal``).
+"""The proximal policy pi_prox: the policy the loss's ratio rho = pi / pi_prox is taken against (``--proximal``), a
+registry (``register_proximal``; a plugin's entry is chosen like these) whose entries declare their
+:class:`ProximalTraits`:
 
 - ``recompute``: the trainer's pi_old, its own forward over the batch with the step's starting weights (exact, and
   one forward more per step where the update cannot give it for free);
@@ -16,17 +18,16 @@ gets ``log pi_prox = log mu + alpha (log pi - log mu)`` with ``alpha = d / (d + 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from lrl.registry import PROXIMALS, supply
 from lrl.weights import Correction, correct
 
 if TYPE_CHECKING:
     from lrl.sections import UpdateOptions, WeightingOptions
-
-PROXIMALS = ("recompute", "rollout", "interpolate")
-
 
 def interpolation_weight(token_version: torch.Tensor, version: int, progress: float) -> torch.Tensor:
     """alpha = d / (d + progress) per token, d = version - token_version, progress = k / M in [0, 1); 1 where progress
@@ -48,24 +49,58 @@ def interpolated_logp(
     return logp_sampler + alpha * (current - logp_sampler)
 
 
-def proximal_logp(
-    kind: str, scored, logp_current, logp_sampler, token_version, version: int, progress: float
-):
-    """log pi_prox of `kind` (``PROXIMALS``): `scored` is pi_old where the step scored it (recompute), else unused:
-    [B, T] -> [B, T], detached."""
-    if kind == "recompute":
-        return scored
-    if kind == "rollout":
-        return logp_sampler
-    if kind == "interpolate":
-        return interpolated_logp(logp_current, logp_sampler, token_version, version, progress)
-    raise ValueError(f"proximal must be one of {', '.join(PROXIMALS)}; got {kind!r}")
+@dataclass(frozen=True)
+class ProximalTraits:
+    """What a proximal policy is, which the rules on the update's parts read (lrl.config_rules) and the step acts on.
+
+    ``scores_pi_old``: pi_prox is the trainer's pi_old, which the step scores (one forward of its own where the
+    update's forward cannot give it); ``is_mu``: pi_prox is the sampler's mu, so a loss's own ratio pi / mu already
+    carries the behavior correction; ``approximates``: pi_prox is made from mu and the update forward's log-probs
+    (no forward of its own), for a loss's ratio to be taken against."""
+
+    scores_pi_old: bool = False
+    is_mu: bool = False
+    approximates: bool = False
 
 
-def correction_side(kind: str, proximal, logp_current):
+# fn(scored, logp_current, logp_sampler, token_version, version, progress) -> log pi_prox [B, T], detached, where
+# `scored` is pi_old where the step scored it (else unused) and `progress` the share k / M of the step's updates taken
+register_proximal = PROXIMALS.register
+
+
+@register_proximal("recompute", traits=lambda: ProximalTraits(scores_pi_old=True))
+def _recompute(scored, logp_current, logp_sampler, token_version, version: int, progress: float):
+    """the trainer's pi_old, its own forward with the step's starting weights (exact)"""
+    return scored
+
+
+@register_proximal("rollout", traits=lambda: ProximalTraits(is_mu=True))
+def _rollout(scored, logp_current, logp_sampler, token_version, version: int, progress: float):
+    """the sampler's own log-probs mu (bypass: no pi_old forward; the ratio is pi / mu)"""
+    return logp_sampler
+
+
+@register_proximal("interpolate", traits=lambda: ProximalTraits(approximates=True))
+def _interpolate(scored, logp_current, logp_sampler, token_version, version: int, progress: float):
+    """log-linear between mu and the update's own log-probs by version distance (A-3PO / AReaL)"""
+    return interpolated_logp(logp_current, logp_sampler, token_version, version, progress)
+
+
+def proximal_logp(kind: str, scored, logp_current, logp_sampler, token_version, version: int, progress: float):
+    """log pi_prox of the registered proximal policy `kind`: [B, T] -> [B, T], detached."""
+    return PROXIMALS[kind].factory(scored, logp_current, logp_sampler, token_version, version, progress)
+
+
+def proximal_traits(kind: str) -> ProximalTraits:
+    """The traits the proximal policy `kind` declares (none declared: a plain approximation-free policy)."""
+    entry = PROXIMALS[kind]
+    return supply(entry.traits, None) if entry.traits is not None else ProximalTraits()
+
+
+def correction_side(traits: ProximalTraits, proximal, logp_current):
     """The trainer's log-probs the correction and the masks compare with mu: pi_prox, except where pi_prox is mu
-    itself (rollout), where they are the update forward's own, detached: [B, T] -> [B, T]."""
-    return logp_current.detach() if kind == "rollout" else proximal
+    itself (``is_mu``: rollout), where they are the update forward's own, detached: [B, T] -> [B, T]."""
+    return logp_current.detach() if traits.is_mu else proximal
 
 
 def forward_correction(
@@ -78,5 +113,5 @@ def forward_correction(
     mu = mb.sample_logp[rows]
     progress = mb.index / mb.count  # the share of the step's updates the weights took before this minibatch
     prox = proximal_logp(kind, logp.detach(), logp, mu, mb.version[rows], version, progress)
-    side = correction_side(kind, prox, logp)  # rollout: this forward's own log-probs against mu
+    side = correction_side(proximal_traits(kind), prox, logp)  # rollout: this forward's own log-probs against mu
     return prox, side, correct(side, mu, mb.action_mask[rows], mb.advantage[rows], weighting)

@@ -1,5 +1,6 @@
 """Registries: the single source of the choices a run accepts (samplers, corrections, environments, rollout
-backends, staleness policies, extra callbacks, rejection masks).
+backends, staleness policies, extra callbacks, rejection masks, and the update's parts: losses, aggregations and
+proximal policies).
 
 An entry is registered next to its own code with the config keys it reads (``uses``) and, optionally, a
 ``check`` of problems specific to it (from the values alone), a ``check_machine`` of what it needs of the machine
@@ -89,8 +90,10 @@ class Entry:
     # corrections and masks: a row's weights depend on that row's log-probs alone, so a step may make them piece
     # by piece from its update's own forward (lrl.module); False (a plugin's default) scores the whole batch first
     per_row: bool = False
-    # samplers: the Traits of the sampler the factory would build, declared without building it (the mismatch
-    # split of an asynchronous run reads them; its samplers live in the workers)
+    # what an entry declares of itself, read without building it (taking what its parameters name, as a factory):
+    # samplers, the Traits of the sampler the factory would build (the mismatch split of an asynchronous run reads
+    # them; its samplers live in the workers); losses, proximal policies and masks, what the rules on how they
+    # combine read (lrl.losses.LossTraits, lrl.proximal.ProximalTraits, lrl.masks.MaskTraits)
     traits: Callable | None = None
     check_machine: Callable | None = None  # problems: what it needs of this machine (preflight)
 
@@ -136,7 +139,8 @@ class Registry(Mapping):
         ``instructions``: an environment's instructions to a chat model, its system message;
         ``per_row``: a correction or mask whose decision for a row reads that row's log-probs alone (see
         :class:`Entry`); one that reads the whole batch (a batch mean, a batch's second moment) leaves it False;
-        ``traits(...)``: a sampler's traits (``lrl.samplers.Traits``), known without building it.
+        ``traits(...)``: what the entry is, known without building it (a sampler's ``lrl.samplers.Traits``; a
+        loss's, proximal policy's or mask's traits, which the rules on their combinations read).
         """
         if not isinstance(name, str) or not _is_name(name):
             raise RegistryError(
@@ -201,6 +205,9 @@ ENVS = Registry("env")
 CALLBACKS = Registry("callback")  # extra monitoring callbacks, chosen by name in the config's `callbacks`
 BACKENDS = Registry("rollout_backend")  # where the asynchronous pipeline's rollout workers run
 STALENESS = Registry("stale_policy")  # what the asynchronous pipeline does with work past its staleness bound
+LOSSES = Registry("loss")  # the policy losses: each action token's term (lrl.losses)
+AGGREGATIONS = Registry("aggregation")  # how the terms become the step's loss (lrl.aggregations)
+PROXIMALS = Registry("proximal")  # pi_prox, the policy a loss's ratio is taken against (lrl.proximal)
 # the registries a config option can be scoped to (option(..., scope=...)), by the config key that names the entry
 REGISTRIES: dict[str, Registry] = {
     "sampler": SAMPLERS,
@@ -209,6 +216,9 @@ REGISTRIES: dict[str, Registry] = {
     "env": ENVS,
     "rollout_backend": BACKENDS,
     "stale_policy": STALENESS,
+    "loss": LOSSES,
+    "aggregation": AGGREGATIONS,
+    "proximal": PROXIMALS,
 }
 
 

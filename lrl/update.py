@@ -77,6 +77,10 @@ class Minibatch:
     where: str  # "step 3 (batch 3), minibatch 1", for error messages
     version: torch.Tensor | None = None  # [b, T'-1] the weight version of every token
     count: int = 1  # minibatches of the step
+    # the aggregation's units (lrl.aggregations) of the whole minibatch, on this rank and over all ranks: the
+    # loss's denominators (None: its action tokens, as for token-mean)
+    local_units: torch.Tensor | None = None
+    global_units: torch.Tensor | None = None
 
 
 @dataclass
@@ -104,13 +108,15 @@ def plan_update(
     where: str,
     live: torch.Tensor | None = None,
     trim: bool = False,
+    units=None,
 ) -> UpdatePlan:
     """NaN/inf checks of the batch and its minibatch records (one all-reduce for both).
 
     ``old_logp`` and ``weights`` None: pi_old comes from the update's own forward, where the log-probs and the
     weights are checked as they are made; the signal is then the advantages' (a step whose weights all turn out
     0 is found to have none after its forward). ``live`` ([B] bool): the rows that go through the model;
-    ``trim``: a minibatch's padding columns that none of its rows uses are cut."""
+    ``trim``: a minibatch's padding columns that none of its rows uses are cut; ``units(mask) -> []``: the
+    aggregation's denominator of rows (None: their action tokens), counted over every row of each minibatch."""
     mask = batch["action_mask"]
     on = mask.bool()
     live = torch.ones(len(mask), dtype=torch.bool) if live is None else live.cpu()
@@ -133,9 +139,13 @@ def plan_update(
     tokens = (
         torch.stack([mask[rows].sum() for rows in chunks]).double().cpu()
     )  # action tokens per local chunk
-    summed = ranks.all_reduce(torch.cat([local, tokens]))
+    counted = tokens
+    if units is not None:  # the aggregation's units of each chunk, counted with its tokens in the same all-reduce
+        counted = torch.cat([tokens, torch.stack([units(mask[rows]) for rows in chunks]).double().cpu()])
+    summed = ranks.all_reduce(torch.cat([local, counted]))
     raise_if_nonfinite(counts, summed.tolist(), where)
-    global_tokens = summed[len(local) :]
+    global_tokens = summed[len(local) : len(local) + len(chunks)]
+    global_units = summed[len(local) + len(chunks) :] if units is not None else None
     minibatches = []
     for i, chunk in enumerate(chunks):
         rows, others = chunk[live[chunk]], chunk[~live[chunk]]
@@ -159,9 +169,27 @@ def plan_update(
                 f"{where}, minibatch {i}",
                 batch["version"][rows, : cols.stop - 1],
                 len(chunks),
+                counted[len(chunks) + i] if units is not None else None,
+                global_units[i] if units is not None else None,
             )
         )
     return UpdatePlan(minibatches, summed[len(counts)].item() > 0)
+
+
+def microbatches(mb: Minibatch, tokens: int | None, ranks: Ranks) -> list[slice | None]:
+    """The minibatch's rows in forwards of at most `tokens` tokens (the memory plan's; None: no bound): one slice of
+    all rows where they fit; every rank gets the same count (None where it has no rows), so DDP's backward calls
+    stay in step."""
+    n, width = mb.ids.shape[0], max(mb.ids.shape[1], 1)
+    per = n if not tokens or n * width <= tokens else max(1, tokens // width)
+    count = -(-n // per) if n else 1
+    if ranks.world > 1:
+        count = int(ranks.all_reduce(torch.tensor([float(count)], dtype=torch.float64), "max").item())
+    if count == 1:
+        return [slice(None)] if n else [None]
+    size = -(-n // count)
+    parts: list[slice | None] = [slice(i, min(i + size, n)) for i in range(0, n, size)]
+    return parts + [None] * (count - len(parts))
 
 
 def learning_rate(update: UpdateOptions, version: int, max_steps: int) -> float:

@@ -76,7 +76,7 @@ class RunOptions:
         resumable=True,
     )
     plugins: list[str] = option(
-        [], "modules to import before the config is validated (they register entries)"
+        [], "modules, or .py files, to import before the config is validated (they register entries)"
     )
     accelerator: str = option("cpu", "Lightning accelerator", choices=("cpu", "gpu", "auto"), resumable=True)
     devices: int = option(

@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lrl.options import MAX_INT, option
-from lrl.registry import CORRECTIONS, MASKS, SAMPLERS
+from lrl.registry import AGGREGATIONS, CORRECTIONS, LOSSES, MASKS, PROXIMALS, SAMPLERS
 
 LEVELS = ("token", "sequence", "geometric")  # the ratio a correction acts on (lrl.weights.level_log_ratio)
 KL_LEVELS = ("token", "seq_sum", "seq_mean", "seq_max")  # what the kl mask bounds (lrl.masks.divergence)
-LOSSES = ("clipped", "pg", "cispo")  # the policy losses (lrl.losses.policy_loss)
 ESTIMATORS = ("k1", "k2", "k3")  # the kl mask's estimates of KL(mu || pi_old) (lrl.masks.token_divergence)
 
 
@@ -51,14 +50,44 @@ class UpdateOptions:
 
     lr: float = option(1e-3, "Adam learning rate (the peak of the schedule)", gt=0)
     minibatches: int = option(4, "shuffled minibatch updates per sampled batch", gt=0, le=MAX_INT)
-    eps_low: float = option(0.2, "lower clip of the ratio pi/pi_old (1 - eps_low)", ge=0, lt=1)
-    eps_high: float = option(0.28, "upper clip of the ratio pi/pi_old (1 + eps_high)", ge=0, lt=1)
+    eps_low: float = option(
+        0.2, "lower clip of the ratio pi/pi_prox (1 - eps_low; gmpo: e^-eps_low)", ge=0, lt=1, scope="loss"
+    )
+    eps_high: float = option(
+        0.28, "upper clip of the ratio pi/pi_prox (1 + eps_high; gmpo: e^eps_high)", ge=0, lt=1, scope="loss"
+    )
     dual_clip: float = option(
         0.0,
         "the clipped loss's dual clip: a negative-advantage token whose ratio pi/pi_prox is above this loses its "
         "gradient (its loss capped at dual_clip * |A|); 0: off, else above 1 + eps_high (verl's clip_ratio_c: 3)",
         ge=0,
-        when={"loss": "clipped"},
+        scope="loss",
+    )
+    tau_pos: float = option(
+        1.0, "sapo: the soft gate's temperature where the advantage is positive", gt=0, le=1000, scope="loss"
+    )
+    tau_neg: float = option(
+        1.05, "sapo: the soft gate's temperature where the advantage is negative", gt=0, le=1000, scope="loss"
+    )
+    aggregation: str = option(
+        "token-mean",
+        "how the loss's per-token terms make the step's loss (a registered name): token-mean (DAPO: each action "
+        "token the same), seq-mean-token-mean (GRPO: each episode the same), seq-mean-token-sum, "
+        "seq-mean-token-sum-norm (Dr. GRPO: a constant denominator), bnpo (each rank's token mean)",
+        choices=AGGREGATIONS,
+    )
+    norm_tokens: int = option(
+        1024,
+        "seq-mean-token-sum-norm: the constant L of its denominator, episodes x L (TRL's max_completion_length)",
+        ge=1,
+        le=MAX_INT,
+        scope="aggregation",
+    )
+    drop_truncated: bool = option(
+        False,
+        "leave the episodes the environment marked truncated (out of turns) out of the loss and its denominator "
+        "(DAPO's filter of overlong episodes, TRL's mask_truncated_completions); their advantages still count in "
+        "their group's",
     )
     max_grad_norm: float = option(1.0, "gradient-norm clip", gt=0)
     adam_eps: float = option(
@@ -110,9 +139,10 @@ class UpdateOptions:
     )
     loss: str = option(
         "clipped",
-        "the policy loss: clipped (the decoupled clipped loss w * min(rho A, clip(rho) A)), pg (the plain policy "
-        "gradient: every token's w * A * grad log pi, w detached, no clip), cispo (w * min(rho, 1 + eps_high) * A * "
-        "grad log pi, the truncated ratio detached, so every token keeps its gradient); rho = pi / pi_prox "
+        "the policy loss (a registered name): clipped (the decoupled clipped loss w * min(rho A, clip(rho) A)), pg "
+        "(the plain policy gradient: every token's w * A * grad log pi, w detached, no clip), cispo (w * min(rho, "
+        "1 + eps_high) * A * grad log pi, the truncated ratio detached), gspo (one clipped ratio an episode), sapo "
+        "(a soft gate in place of the clip), gmpo (an episode's geometric mean); rho = pi / pi_prox "
         "(docs/offpolicy.md)",
         choices=LOSSES,
     )
@@ -122,7 +152,7 @@ class UpdateOptions:
         "scored before the update), rollout (the sampler's own log-probs mu: no pi_old forward; corrections and "
         "masks then act on the update forward's own log-probs), interpolate (between mu and the update forward's "
         "log-probs, log-linear in the token's version distance: no pi_old forward)",
-        choices=("recompute", "rollout", "interpolate"),
+        choices=PROXIMALS,
     )
     freeze_policy: bool = option(
         False,

@@ -209,7 +209,13 @@ def test_which_choices_need_the_whole_batch_first():
         (dict(kl_threshold=0.2), r"kl_threshold: 0.2 is not used by masks \[\]"),
         (dict(opsm_threshold=0.2, masks=["kl"]), "opsm_threshold: 0.2 is not used"),
         (dict(dual_clip=1.2), r"dual_clip: 1.2 must be above the upper clip 1 \+ eps_high = 1.28"),
-        (dict(dual_clip=3.0, loss="cispo"), "dual_clip: 3.0 is not used with loss: cispo"),
+        (dict(dual_clip=3.0, loss="cispo"), "dual_clip: 3.0 is not used by loss 'cispo'; it applies to: clipped"),
+        (dict(tau_pos=2.0), "tau_pos: 2.0 is not used by loss 'clipped'; it applies to: sapo"),
+        (dict(norm_tokens=5), "norm_tokens: 5 is not used by aggregation 'token-mean'; it applies to: seq-mean-token-sum-norm"),
+        (dict(loss="gspo", masks=["kl"], kl_level="token"), "masks: kl drops single tokens, which changes the gspo"),
+        (dict(loss="gmpo", masks=["m2po"]), "masks: m2po drops single tokens, which changes the gmpo"),
+        (dict(loss="gmpo", correction="tis"), "level: token gives each token a weight of its own, and loss gmpo"),
+        (dict(loss="gspo", proximal="rollout", correction="tis"), "the gspo loss's own ratio pi / mu carries"),
         (dict(eps_low=0.1, loss="pg"), r"eps_low: 0.1 is not used (with|by) loss:? '?pg\b.* clipped"),
         (dict(eps_low=0.1, loss="cispo"), r"eps_low: 0.1 is not used (with|by) loss:? '?cispo\b"),
         (dict(eps_high=0.4, loss="pg"), r"eps_high: 0.4 is not used (with|by) loss:? '?pg\b.*clipped.*cispo"),
@@ -231,6 +237,10 @@ def test_choices_that_fit_together():
     Config(loss="cispo", eps_high=0.4)  # CISPO's truncation is 1 + eps_high
     Config(correction="tis", normalize=True, level="sequence", masks=["kl"])
     Config(loss="clipped", eps_low=0.1, eps_high=0.4, dual_clip=3.0)
+    Config(loss="gspo", correction="tis", masks=["opsm", "kl"], kl_level="seq_mean")  # TIS scales a token's term
+    Config(loss="gmpo", correction="mis", level="geometric", aggregation="token-mean")
+    Config(loss="sapo", tau_pos=0.5, tau_neg=2.0, proximal="interpolate", aggregation="bnpo")
+    Config(aggregation="seq-mean-token-sum-norm", norm_tokens=64, drop_truncated=True)
 
 
 def test_a_plugin_correction_that_reads_the_level_takes_it(monkeypatch):

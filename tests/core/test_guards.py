@@ -8,7 +8,6 @@ import pytest
 import torch
 from conftest import quick_cfg
 
-import lrl.module
 from lrl.run import build_run, fit
 from lrl.update import NumericalError
 
@@ -69,18 +68,17 @@ def test_nan_in_sampler_logps_stops_the_step_by_name(format_policy):
 
 def test_nan_loss_and_inf_gradient_stop_before_the_optimizer_step(format_policy, monkeypatch):
     run, snaps = run_with(format_policy)
-    real, calls = lrl.module.policy_loss, []
+    real, calls = run.module.objective.loss, []
 
-    def nan_loss(*args, **kw):
-        loss, stats = real(*args, **kw)
+    def nan_loss(*args):
+        terms, stats = real(*args)
         calls.append(1)
-        return (loss * float("nan") if len(calls) == 3 else loss), stats  # step 1, minibatch 0
+        return (terms * float("nan") if len(calls) == 3 else terms), stats  # step 1, minibatch 0
 
-    monkeypatch.setattr(lrl.module, "policy_loss", nan_loss)
+    run.module.objective.loss = nan_loss  # the run's loss, as the objective built it
     with pytest.raises(NumericalError, match=r"non-finite loss at step 1 \(batch 1\), minibatch 0"):
         fit(run)
     assert unchanged(run, snaps)
-    monkeypatch.setattr(lrl.module, "policy_loss", real)
 
     run, snaps = run_with(format_policy)
     param = next(run.policy.parameters())

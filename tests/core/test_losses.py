@@ -10,7 +10,13 @@ import lrl
 from lrl.config import Config
 from lrl.losses import cispo_policy_loss, clipped_policy_loss, pg_policy_loss, policy_loss
 from lrl.masks import divergence, kl_keep, opsm_keep
-from lrl.proximal import correction_side, interpolated_logp, interpolation_weight, proximal_logp
+from lrl.proximal import (
+    correction_side,
+    interpolated_logp,
+    interpolation_weight,
+    proximal_logp,
+    proximal_traits,
+)
 from lrl.stats import multi_version_episodes, version_split
 from lrl.weights import correct, normalize_weights
 
@@ -152,7 +158,7 @@ def test_policy_loss_dispatches_and_refuses_unknown_names():
     assert a.item() == b.item()
     assert a.item() != clipped_policy_loss(logp, old, adv, mask, 0.1, 0.3)[0].item()  # the dual clip reached it
     opts.loss = "ppo"
-    with pytest.raises(ValueError, match="loss must be"):
+    with pytest.raises(ValueError, match="loss 'ppo' is not registered"):
         policy_loss(opts, logp, old, adv, mask)
 
 
@@ -206,9 +212,9 @@ def test_proximal_choices_and_the_side_corrections_act_on():
     assert proximal_logp("recompute", scored, current, mu, versions, 0, 0.0) is scored
     assert proximal_logp("rollout", scored, current, mu, versions, 0, 0.0) is mu
     assert torch.equal(proximal_logp("interpolate", None, current, mu, versions, 0, 0.0), current)
-    assert torch.equal(correction_side("rollout", mu, current), current)  # mu against mu would say nothing
-    assert correction_side("recompute", scored, current) is scored
-    with pytest.raises(ValueError, match="proximal must be"):
+    assert torch.equal(correction_side(proximal_traits("rollout"), mu, current), current)  # mu against mu: nothing
+    assert correction_side(proximal_traits("recompute"), scored, current) is scored
+    with pytest.raises(ValueError, match="proximal 'guess' is not registered"):
         proximal_logp("guess", scored, current, mu, versions, 0, 0.0)
 
 

@@ -150,20 +150,20 @@ def test_dropout_is_off_for_old_logp_and_the_update(tmp_path, tok, monkeypatch):
         )
     )
     save_policy(gpt, tok, tmp_path / "gpt")
-    real, first = lrl.module.policy_loss, []
+    first = []
 
-    def recording(kind, logp, old_logp, token_adv, mask, *args):
-        loss, stats = real(kind, logp, old_logp, token_adv, mask, *args)
+    def recording(logp, old_logp, token_adv, mask):
+        terms, stats = real(logp, old_logp, token_adv, mask)
         if not first:
             first.append((((logp - old_logp) * mask).abs().max().item(), stats["approx_kl"].item()))
-        return loss, stats
+        return terms, stats
 
-    monkeypatch.setattr(lrl.module, "policy_loss", recording)
     # an untrained model earns no reward: give every episode an advantage so that the update runs
     monkeypatch.setattr(
         lrl.sources.base, "group_advantages", lambda reward, group, valid, **_: torch.linspace(-1, 1, len(reward))
     )
     run = build_run(quick_cfg(model=str(tmp_path / "gpt"), max_steps=2), logger=False, callbacks=[])
+    real, run.module.objective.loss = run.module.objective.loss, recording  # the run's loss, as the objective built it
     fit(run)
     assert run.module.history[0]["mismatch/abs_mean"] < 1e-6
     assert first[0][0] < 1e-6 and abs(first[0][1]) < 1e-9

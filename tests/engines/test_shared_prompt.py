@@ -4,8 +4,7 @@ log-probs, entropies and gradient as every whole row run on its own, on the real
 import torch
 
 import lrl.logprobs as logprobs
-from lrl.logprobs import token_log_probs
-from lrl.module import prompt_lengths
+from lrl.logprobs import prompt_lengths, token_log_probs
 from lrl.policy import load_policy
 
 
