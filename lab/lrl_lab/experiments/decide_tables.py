@@ -33,11 +33,13 @@ STEP_KEYS = {
 
 
 def step_figures(logged: dict) -> dict:
-    """What results.jsonl keeps of one step's logged metrics: the ``STEP_KEYS``, under their short names, and the
+    """What results.jsonl keeps of one step's logged metrics: the ``STEP_KEYS``, under their short names, the
     shares of action tokens and of whole episodes each rule of the correction dropped (lrl.metrics'
-    ``offpolicy/dropped_tokens/<rule>`` and ``offpolicy/dropped_seqs/<rule>``, kept without ``offpolicy/``)."""
+    ``offpolicy/dropped_tokens/<rule>`` and ``offpolicy/dropped_seqs/<rule>``, kept without ``offpolicy/``), and
+    on the steps that split the mismatch (``--mismatch-split-every``) its parts (``mismatch/part/*``)."""
     kept = {name: logged[key] for name, key in STEP_KEYS.items() if key in logged}
-    return kept | {k.removeprefix("offpolicy/"): v for k, v in logged.items() if k.startswith("offpolicy/dropped_")}
+    kept |= {k.removeprefix("offpolicy/"): v for k, v in logged.items() if k.startswith("offpolicy/dropped_")}
+    return kept | {k: v for k, v in logged.items() if k.startswith("mismatch/part/")}  # the live split, where run
 
 
 # the chapter's conclusions as (claim, row a, row b, the sign a - b has where the claim holds)
