@@ -20,18 +20,32 @@ A factory takes what its parameters name (:func:`lrl.registry.supply`): the samp
 
 Every sampler has the :class:`Sampler` Protocol of samplers/base.py, its ``traits`` included: the mismatch split
 and the memory plan read those, never a sampler's name or class. An entry may also declare them without building
-one (``traits=lambda sampling: ...``, as each built-in does through its class's ``declare``), for where no sampler is
-at hand: an asynchronous run's samplers live in its workers (:func:`sampler_traits`).
+one (``traits=lambda sampling: ...``), for where no sampler is at hand: an asynchronous run's samplers live in its
+workers (:func:`sampler_traits`). Each built-in entry is one function from the run's options to its class's
+``Arguments`` (:func:`built`): the factory builds the sampler from them and the traits are its class's ``declare`` of
+the same object.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lrl.decoding import Sampling
 from lrl.registry import SAMPLERS, supply
-from lrl.samplers.base import BehaviorSampler, OnPolicySampler, Sampler, Traits, cpu_state
-from lrl.samplers.engine import EngineSampler
+from lrl.samplers.base import (
+    BehaviorArguments,
+    BehaviorSampler,
+    LaggedArguments,
+    OnPolicyArguments,
+    OnPolicySampler,
+    Sampler,
+    SamplerArguments,
+    Traits,
+    cpu_state,
+)
+from lrl.samplers.engine import EngineArguments, EngineSampler
 from lrl.samplers.fp8 import fp8_transform, round_fp8
-from lrl.samplers.vllm import VLLMSampler, model_problems, vllm_missing
+from lrl.samplers.vllm import VLLMArguments, VLLMSampler, model_problems, vllm_missing
 from lrl.sections import PolicyOptions, SamplingOptions
 
 register = SAMPLERS.register
@@ -42,44 +56,47 @@ def sampling(options: SamplingOptions) -> Sampling:
     return Sampling(options.temperature, options.top_p, options.top_k)
 
 
-def declared(cls, arguments):
-    """An entry's ``traits``: those of ``cls(tok, **arguments(sampling, policy))``, read from ``cls.declare``
-    without building it."""
-
-    def traits(sampling: SamplingOptions, policy: PolicyOptions) -> Traits:
-        return cls.declare(**arguments(sampling, policy))
-
-    return traits
+_distribution = sampling  # by another name where an entry's parameter `sampling` is the section
 
 
-def _onpolicy_arguments(s: SamplingOptions, policy: PolicyOptions) -> dict:
-    return dict(sampling=sampling(s), decode=s.decode, precision=policy.precision)
+def built(name: str, cls, **registration):
+    """Register `cls` under `name`, with the decorated function making its arguments (``cls.Arguments``) from the
+    run's options, taking what its parameters name (as a factory does): the entry's factory builds
+    ``cls(tok, arguments)`` and its traits are ``cls.declare(arguments)``, the same arguments for both. The
+    function's docstring is the entry's help."""
+
+    def add(arguments):
+        def factory(cfg, tok):
+            return cls(tok, supply(arguments, cfg))
+
+        def traits(cfg) -> Traits:
+            return cls.declare(supply(arguments, cfg))
+
+        factory.__doc__ = arguments.__doc__
+        register(name, traits=traits, **registration)(factory)
+        return arguments
+
+    return add
 
 
-@register("onpolicy", uses=("decode",), traits=declared(OnPolicySampler, _onpolicy_arguments))
-def _onpolicy(sampling: SamplingOptions, policy: PolicyOptions, tok):
+@built("onpolicy", OnPolicySampler, uses=("decode",))
+def _onpolicy(sampling: SamplingOptions, policy: PolicyOptions) -> OnPolicyArguments:
     """the trainer's own weights and module (staleness 0)"""
-    return OnPolicySampler(tok, **_onpolicy_arguments(sampling, policy))
+    return OnPolicyArguments(_distribution(sampling), decode=sampling.decode, precision=policy.precision)
 
 
-def _lagged_arguments(s: SamplingOptions, policy: PolicyOptions) -> dict:
-    return dict(lag=s.lag, sampling=sampling(s), decode=s.decode, precision=policy.precision)
-
-
-@register("lagged", uses=("lag", "decode"), traits=declared(BehaviorSampler, _lagged_arguments))
-def _lagged(sampling: SamplingOptions, policy: PolicyOptions, tok):
+@built("lagged", BehaviorSampler, uses=("lag", "decode"))
+def _lagged(sampling: SamplingOptions, policy: PolicyOptions) -> BehaviorArguments:
     """the weights `lag` updates old"""
-    return BehaviorSampler(tok, **_lagged_arguments(sampling, policy))
+    return BehaviorArguments(
+        lag=sampling.lag, sampling=_distribution(sampling), decode=sampling.decode, precision=policy.precision
+    )
 
 
-def _fp8_arguments(s: SamplingOptions, policy: PolicyOptions) -> dict:
-    return dict(_lagged_arguments(s, policy), transform=fp8_transform(s.fp8_scale))
-
-
-@register("fp8", uses=("lag", "fp8_scale", "decode"), traits=declared(BehaviorSampler, _fp8_arguments))
-def _fp8(sampling: SamplingOptions, policy: PolicyOptions, tok):
+@built("fp8", BehaviorSampler, uses=("lag", "fp8_scale", "decode"))
+def _fp8(sampling: SamplingOptions, policy: PolicyOptions) -> BehaviorArguments:
     """weights rounded to float8 (e4m3) and back, optionally `lag` updates old"""
-    return BehaviorSampler(tok, **_fp8_arguments(sampling, policy))
+    return replace(_lagged(sampling, policy), transform=fp8_transform(sampling.fp8_scale))
 
 
 def _engine_check(sampling: SamplingOptions) -> list[str]:
@@ -88,20 +105,21 @@ def _engine_check(sampling: SamplingOptions) -> list[str]:
     return []
 
 
-def _engine_arguments(s: SamplingOptions, policy: PolicyOptions) -> dict:
-    transform = fp8_transform(s.fp8_scale) if s.engine_fp8 else None
-    return dict(lag=s.lag, transform=transform, sampling=sampling(s), dtype=s.engine_dtype)
+def _engine_transform(sampling: SamplingOptions):
+    """The engine's rounding: FP8 with engine_fp8, else none."""
+    return fp8_transform(sampling.fp8_scale) if sampling.engine_fp8 else None
 
 
-@register(
+@built(
     "engine",
+    EngineSampler,
     uses=("lag", "fp8_scale", "engine_dtype", "engine_fp8", "top_p", "top_k"),
     check=_engine_check,
-    traits=declared(EngineSampler, _engine_arguments),
 )
-def _engine(sampling: SamplingOptions, policy: PolicyOptions, tok):
+def _engine(sampling: SamplingOptions) -> EngineArguments:
     """engine-style decoding: KV cache, its own dtype, top-k/top-p, optionally FP8 and `lag` old"""
-    return EngineSampler(tok, **_engine_arguments(sampling, policy))
+    transform = _engine_transform(sampling)
+    return EngineArguments(sampling.lag, transform, _distribution(sampling), dtype=sampling.engine_dtype)
 
 
 def _vllm_machine() -> list[str]:
@@ -114,29 +132,26 @@ def _vllm_model_check(sampling: SamplingOptions, spec, model) -> list[str]:
     return model_problems(model, sampling.vllm_kv_cache, sampling.vllm_dtype, spec.max_episode_tokens)
 
 
-def _vllm_arguments(s: SamplingOptions, policy: PolicyOptions) -> dict:
-    transform = fp8_transform(s.fp8_scale) if s.engine_fp8 else None
-    return dict(
-        lag=s.lag,
-        transform=transform,
-        sampling=sampling(s),
-        dtype=s.vllm_dtype,
-        kv_cache_mib=s.vllm_kv_cache,
-        sync_every=s.sync_every,
-    )
-
-
-@register(
+@built(
     "vllm",
+    VLLMSampler,
     uses=("lag", "fp8_scale", "engine_fp8", "top_p", "top_k", "vllm_dtype", "vllm_kv_cache", "sync_every"),
     check=_engine_check,
     check_machine=_vllm_machine,
     check_model=_vllm_model_check,
-    traits=declared(VLLMSampler, _vllm_arguments),
 )
-def _vllm(sampling: SamplingOptions, policy: PolicyOptions, seed: int, tok):
+def _vllm(sampling: SamplingOptions, policy: PolicyOptions, seed: int) -> VLLMArguments:
     """a real vLLM engine, weights synced in place every sync_every updates, optionally FP8 and `lag` old"""
-    return VLLMSampler(tok, **_vllm_arguments(sampling, policy), seed=seed, model_dir=policy.model)
+    return VLLMArguments(
+        lag=sampling.lag,
+        transform=_engine_transform(sampling),
+        sampling=_distribution(sampling),
+        dtype=sampling.vllm_dtype,
+        kv_cache_mib=sampling.vllm_kv_cache,
+        sync_every=sampling.sync_every,
+        seed=seed,
+        model_dir=policy.model,
+    )
 
 
 def make_sampler(cfg, tok) -> Sampler:
@@ -161,6 +176,12 @@ __all__ = [
     "OnPolicySampler",
     "EngineSampler",
     "VLLMSampler",
+    "SamplerArguments",
+    "LaggedArguments",
+    "BehaviorArguments",
+    "OnPolicyArguments",
+    "EngineArguments",
+    "VLLMArguments",
     "SAMPLERS",
     "register",
     "make_sampler",

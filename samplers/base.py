@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import torch
@@ -53,6 +53,56 @@ class Traits:
     def kept_bytes(self, parameters: int) -> int:
         """The memory its copies take beside the trainer's, for a policy of `parameters` parameters."""
         return self.bytes_per_parameter * parameters + self.extra_bytes
+
+
+@dataclass(frozen=True)
+class SamplerArguments:
+    """What a sampler is built from and its traits are declared from, spelled once for both: each sampler class
+    names its own (its ``Arguments``, a frozen dataclass of its constructor's arguments after ``tok``, in their
+    order). The constructor takes those fields, by position or name, or one such object; :meth:`~BehaviorSampler.
+    declare` takes the object. A ``sampling`` of None is the default distribution."""
+
+    def __post_init__(self):
+        if hasattr(self, "sampling") and self.sampling is None:
+            object.__setattr__(self, "sampling", Sampling())
+
+
+def given(kind: type[SamplerArguments], args: tuple, kwargs: dict) -> SamplerArguments:
+    """The `kind` of arguments a call gives: one such object, or its fields by position or name."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], kind):
+        return args[0]
+    return kind(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class OnPolicyArguments(SamplerArguments):
+    """The trainer's own weights and module, drawn from `sampling`, decoded by `decode` under `precision`."""
+
+    sampling: Sampling | None = None  # the distribution it draws from
+    decode: str = "trainer"  # 'trainer', 'kvcache' or 'auto' (resolved for the model at setup)
+    precision: str = "fp32"  # the trainer's: 'fp32', 'bf16', 'fp16' or 'auto' (resolved at setup)
+
+
+@dataclass(frozen=True)
+class LaggedArguments(SamplerArguments):
+    """The weights `lag` updates old (the oldest of the last lag + 1 versions), `transform`-ed (FP8 rounding)."""
+
+    lag: int = 0
+    transform: Transform | None = None
+    sampling: Sampling | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.lag < 0:
+            raise ValueError(f"lag must be >= 0; got {self.lag}")
+
+
+@dataclass(frozen=True)
+class BehaviorArguments(LaggedArguments):
+    """Those weights decoded by `decode` under `precision`, as :class:`OnPolicyArguments`."""
+
+    decode: str = "trainer"
+    precision: str = "fp32"
 
 
 class Sampler(Protocol):
@@ -102,47 +152,37 @@ class BehaviorSampler:
 
     name = "custom"
 
-    def __init__(
-        self,
-        tok,
-        lag: int = 0,
-        transform: Transform | None = None,
-        sampling: Sampling | None = None,
-        decode: str = "trainer",
-        precision: str = "fp32",
-    ):
-        if lag < 0:
-            raise ValueError(f"lag must be >= 0; got {lag}")
+    Arguments: type[SamplerArguments] = BehaviorArguments
+
+    def __init__(self, tok, *args, **kwargs):
+        """`args`, `kwargs`: the fields of the class's ``Arguments`` (by position or name), or one such object;
+        each field becomes an attribute of the same name."""
+        arguments = given(self.Arguments, args, kwargs)
+        vars(self).update((f.name, getattr(arguments, f.name)) for f in fields(arguments))
         self.tok = tok
-        self.lag = lag
-        self.transform = transform
-        self.sampling = sampling or Sampling()
-        self.decode = decode  # 'trainer', 'kvcache' or 'auto' (resolved for the model at setup)
-        self.precision = precision  # the trainer's: 'fp32', 'bf16', 'fp16' or 'auto' (resolved at setup)
-        self.versions: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=lag + 1)
+        self.versions: deque[tuple[int, dict[str, torch.Tensor]]] = deque(maxlen=self.lag + 1)
         self.behavior: torch.nn.Module | None = None
         self.policy: torch.nn.Module | None = None
 
+    @property
+    def arguments(self) -> SamplerArguments:
+        """Its arguments as they stand now (after :meth:`setup`, decode and precision resolved for the model)."""
+        return self.Arguments(**{f.name: getattr(self, f.name) for f in fields(self.Arguments)})
+
     @classmethod
-    def declare(
-        cls,
-        lag: int = 0,
-        transform: Transform | None = None,
-        sampling: Sampling | None = None,
-        decode: str = "trainer",
-        precision: str = "fp32",
-    ) -> Traits:
-        """The traits of the sampler these arguments build, known before it is built: the weights `lag` updates
-        old, `transform`-ed, decoded by `decode` under `precision`; it keeps lag + 1 versions and the behavior
-        model (fp32 copies)."""
-        copies = 4 * (lag + 2)
+    def declare(cls, arguments: BehaviorArguments) -> Traits:
+        """The traits of the sampler `arguments` build, known before it is built: the weights `lag` updates old,
+        `transform`-ed, decoded by `decode` under `precision`; it keeps lag + 1 versions and the behavior model
+        (fp32 copies)."""
+        a = arguments
+        copies = 4 * (a.lag + 2)
         return Traits(
-            sampling or Sampling(), lag, transform, decode, precision=precision, bytes_per_parameter=copies
+            a.sampling, a.lag, a.transform, a.decode, precision=a.precision, bytes_per_parameter=copies
         )
 
     @property
     def traits(self) -> Traits:
-        return self.declare(self.lag, self.transform, self.sampling, self.decode, self.precision)
+        return self.declare(self.arguments)
 
     def resolve(self, policy: torch.nn.Module) -> None:
         """Fix the decode path and the arithmetic for this model (their 'auto' depends on its size)."""
@@ -207,22 +247,18 @@ class OnPolicySampler(BehaviorSampler):
 
     name = "onpolicy"
 
-    def __init__(
-        self, tok, sampling: Sampling | None = None, decode: str = "trainer", precision: str = "fp32"
-    ):
-        super().__init__(tok, 0, None, sampling, decode, precision)
+    Arguments = OnPolicyArguments
+    lag = 0  # the trainer's weights as they are: no older version, nothing done to them
+    transform = None
+
+    def __init__(self, tok, *args, **kwargs):
+        super().__init__(tok, *args, **kwargs)
         self.version = 0
 
     @classmethod
-    def declare(
-        cls, sampling: Sampling | None = None, decode: str = "trainer", precision: str = "fp32"
-    ) -> Traits:
+    def declare(cls, arguments: OnPolicyArguments) -> Traits:
         """The trainer's own weights and module: no staleness, no transform, no copy."""
-        return Traits(sampling or Sampling(), decode=decode, precision=precision)
-
-    @property
-    def traits(self) -> Traits:
-        return self.declare(self.sampling, self.decode, self.precision)
+        return Traits(arguments.sampling, decode=arguments.decode, precision=arguments.precision)
 
     def setup(self, policy, version: int = 0) -> None:
         self.resolve(policy)

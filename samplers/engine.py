@@ -10,12 +10,12 @@ token was actually drawn from (mu). The decode path itself is ``lrl.kvcache``.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 
-from lrl.decoding import Sampling
 from lrl.kvcache import KVCacheDecoder, cache_argument
-from lrl.samplers.base import BehaviorSampler, Traits, Transform
+from lrl.samplers.base import BehaviorSampler, LaggedArguments, Traits
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -54,6 +54,20 @@ def check_device_dtype(model, device: str | torch.device, dtype: torch.dtype) ->
         raise ValueError(f"the model gives non-finite logits in {dtype} on {device}")
 
 
+@dataclass(frozen=True)
+class EngineArguments(LaggedArguments):
+    """Those weights decoded on the engine path: a copy in `dtype` (a name, made a torch.dtype here) on `device`,
+    its KV cache kept between calls where `reuse_cache`."""
+
+    dtype: str | torch.dtype = "float32"
+    device: str | torch.device = "cpu"
+    reuse_cache: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "dtype", engine_dtype(self.dtype))
+
+
 class EngineSampler(BehaviorSampler):
     """Behavior sampler on the engine decode path: its own dtype and device, KV cache, top-k/top-p.
 
@@ -62,39 +76,21 @@ class EngineSampler(BehaviorSampler):
     """
 
     name = "engine"
+    Arguments = EngineArguments
+    decode = "kvcache"  # its own decode path (decoder), in fp32 arithmetic over its copy in `dtype`
+    precision = "fp32"
 
-    def __init__(
-        self,
-        tok,
-        lag: int = 0,
-        transform: Transform | None = None,
-        sampling: Sampling | None = None,
-        dtype: str | torch.dtype = "float32",
-        device: str = "cpu",
-        reuse_cache: bool = True,
-    ):
-        super().__init__(tok, lag, transform, sampling)
-        self.dtype = engine_dtype(dtype)
-        self.device = check_device(device, self.dtype)
-        self.reuse_cache = reuse_cache
+    def __init__(self, tok, *args, **kwargs):
+        super().__init__(tok, *args, **kwargs)
+        self.device = check_device(self.device, self.dtype)
 
     @classmethod
-    def declare(
-        cls,
-        lag: int = 0,
-        transform: Transform | None = None,
-        sampling: Sampling | None = None,
-        dtype: str | torch.dtype = "float32",
-    ) -> Traits:
+    def declare(cls, arguments: EngineArguments) -> Traits:
         """The weights `lag` updates old, `transform`-ed, decoded with a KV cache in `dtype` (fp32 arithmetic
         otherwise); it keeps lag + 1 fp32 versions and the engine's copy in `dtype`."""
-        dtype = engine_dtype(dtype)
-        copies = 4 * (lag + 1) + dtype.itemsize
-        return Traits(sampling or Sampling(), lag, transform, "kvcache", dtype, bytes_per_parameter=copies)
-
-    @property
-    def traits(self) -> Traits:
-        return self.declare(self.lag, self.transform, self.sampling, self.dtype)
+        a = arguments
+        copies = 4 * (a.lag + 1) + a.dtype.itemsize
+        return Traits(a.sampling, a.lag, a.transform, "kvcache", a.dtype, bytes_per_parameter=copies)
 
     def setup(self, policy: torch.nn.Module, version: int = 0) -> None:
         """Attach to the trainer's policy: a copy of it in the engine's dtype and on its device."""

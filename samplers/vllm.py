@@ -25,13 +25,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from lrl.decoding import Produced, Sampling
 from lrl.errors import EngineError
 from lrl.reaper import start_reaper, stop_reaper
-from lrl.samplers.base import BehaviorSampler, Traits, Transform, cpu_state
+from lrl.samplers.base import BehaviorSampler, LaggedArguments, Traits, cpu_state
 
 # the engine in this process, quiet, without binding OpenMP threads (the run sets its own thread count)
 ENGINE_ENV = {
@@ -186,32 +187,31 @@ def _load_weights(worker, weights) -> None:
     worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
 
+@dataclass(frozen=True)
+class VLLMArguments(LaggedArguments):
+    """Those weights pushed to a vLLM engine every `sync_every` updates; the engine computes in `dtype` with a KV
+    cache of `kv_cache_mib`, is seeded with `seed`, and loads the model's architecture from `model_dir` (None: the
+    policy's, saved to a scratch folder) with a context of `max_model_len` (None: the model's)."""
+
+    dtype: str = "float32"
+    kv_cache_mib: int = 64
+    sync_every: int = 1
+    seed: int = 0
+    model_dir: str | None = None
+    max_model_len: int | None = None
+
+
 class VLLMSampler(BehaviorSampler):
     """Behavior sampler on a vLLM engine: the oldest of the last lag + 1 versions, optionally FP8, pushed in
     place every `sync_every` updates (see the module docstring)."""
 
     name = "vllm"
+    Arguments = VLLMArguments
+    decode = "kvcache"  # the engine's own
+    precision = "fp32"
 
-    def __init__(
-        self,
-        tok,
-        lag: int = 0,
-        transform: Transform | None = None,
-        sampling: Sampling | None = None,
-        dtype: str = "float32",
-        kv_cache_mib: int = 64,
-        sync_every: int = 1,
-        seed: int = 0,
-        model_dir: str | None = None,
-        max_model_len: int | None = None,
-    ):
-        super().__init__(tok, lag, transform, sampling)
-        self.max_model_len = max_model_len  # None: the model's context
-        self.dtype = dtype
-        self.kv_cache_mib = kv_cache_mib
-        self.sync_every = sync_every
-        self.seed = seed
-        self.model_dir = model_dir
+    def __init__(self, tok, *args, **kwargs):
+        super().__init__(tok, *args, **kwargs)
         self.llm = None
         self.engine_version: int | None = None
         self.engine_state: dict[str, torch.Tensor] | None = None  # what the engine holds, for checkpoints
@@ -220,36 +220,23 @@ class VLLMSampler(BehaviorSampler):
         self._reaper = None  # the process that removes the scratch folder if this one is killed
 
     @classmethod
-    def declare(
-        cls,
-        lag: int = 0,
-        transform: Transform | None = None,
-        sampling: Sampling | None = None,
-        dtype: str = "float32",
-        kv_cache_mib: int = 64,
-        sync_every: int = 1,
-    ) -> Traits:
+    def declare(cls, arguments: VLLMArguments) -> Traits:
         """The weights `lag` updates old and up to sync_every - 1 more between pushes, `transform`-ed, decoded by
         the engine (a KV cache in `dtype`); it keeps lag + 1 fp32 versions, the behavior model and the engine's
         KV cache."""
-        staleness = lag + max(sync_every - 1, 0)
-        weights = getattr(torch, str(dtype), None)  # a name torch has no dtype for: float32
+        a = arguments
+        staleness = a.lag + max(a.sync_every - 1, 0)
+        weights = getattr(torch, str(a.dtype), None)  # a name torch has no dtype for: float32
         weights = weights if isinstance(weights, torch.dtype) else torch.float32
-        copies = 4 * (lag + 2)
+        copies = 4 * (a.lag + 2)
         return Traits(
-            sampling or Sampling(),
+            a.sampling,
             staleness,
-            transform,
+            a.transform,
             decode="kvcache",
             dtype=weights,
             bytes_per_parameter=copies,
-            extra_bytes=kv_cache_mib * 2**20,
-        )
-
-    @property
-    def traits(self) -> Traits:
-        return self.declare(
-            self.lag, self.transform, self.sampling, self.dtype, self.kv_cache_mib, self.sync_every
+            extra_bytes=a.kv_cache_mib * 2**20,
         )
 
     # -- the engine ---------------------------------------------------------------------------------------
