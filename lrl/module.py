@@ -19,11 +19,11 @@ import lightning as L
 import torch
 
 from lrl.batch import to_device
-from lrl.checkpoint import module_state, restore_module_state
 from lrl.distributed import Ranks
 from lrl.evaluation import heldout
 from lrl.logprobs import prompt_lengths, scored_in_rows, token_log_probs
 from lrl.metrics import step_metrics
+from lrl.module_state import module_state, restore_module_state
 from lrl.objective import Objective
 from lrl.precision import LossScale, accelerator_device, autocast, resolve_precision
 from lrl.stats import policy_shift
@@ -340,7 +340,7 @@ class OffPolicyModule(L.LightningModule):
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Add what Lightning does not save (lrl.checkpoint.module_state)."""
+        """Add what Lightning does not save (lrl.module_state)."""
         checkpoint["lrl"] = module_state(self)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
