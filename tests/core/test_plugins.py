@@ -208,8 +208,9 @@ def test_a_plugin_staleness_policy_chooses_the_groups_a_batch_takes(in_examples)
 def test_the_extending_doc_shows_the_code_the_tests_run():
     import re
 
-    source = (EXAMPLES / "my_plugin.py").read_text()
+    # the update's parts are tests/plugins/update_parts.py, which test_loss_catalogue trains with from a file
+    source = (EXAMPLES / "my_plugin.py").read_text() + (ROOT / "tests" / "plugins" / "update_parts.py").read_text()
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(), re.S)
-    assert len(blocks) == 8  # 3 samplers, a correction, a mask, an environment, a metric, a policy
+    assert len(blocks) == 9  # 3 samplers, a correction, a mask, the update's parts, an environment, a metric, a policy
     for block in blocks:
         assert block.strip() in source, block[:80]

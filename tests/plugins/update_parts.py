@@ -12,7 +12,7 @@ from lrl.proximal import ProximalTraits, register_proximal
 def half_pg():
     """half the plain policy gradient (a user's loss)"""
 
-    def terms(logp, old_logp, token_adv, mask):
+    def terms(logp, old_logp, token_adv, mask):  # [B, T] each -> terms [B, T] (0 off the actions), statistics
         per_token, stats = pg_terms(logp, old_logp, token_adv, mask)
         return per_token * 0.5, stats
 

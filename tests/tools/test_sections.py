@@ -58,6 +58,13 @@ WHOLE_CONFIG = {
     "what it names (through supply)",
     "callbacks/__init__.py:build_callbacks": "builds the callbacks a config asks for, each factory given what it "
     "names (through supply)",
+    "lrl/objective.py:Objective.__init__": "builds the update's parts a config names (loss, aggregation, proximal "
+    "policy), each factory given what it names (through supply); the objective reads the update and weighting "
+    "sections of the same config",
+    "samplers/__init__.py:built.add.factory": "a sampler entry's factory: the entry's arguments function reads the "
+    "sections it names (sampling, policy, seed), and the factory hands it the config it was given",
+    "samplers/__init__.py:built.add.traits": "a sampler entry's traits, from the same arguments function as its "
+    "factory, given the config as the factory is",
 }
 
 
