@@ -103,6 +103,9 @@ def one_run(cell: tuple) -> dict:
     argv = run_argv(flags, row_flags, seed, threads)
     cfg = parse_args(argv)
     run = build_run(cfg, logger=False, callbacks=None)
+    # what made the run, read before it trains (the checkout may move on while it does; records.py pools by it)
+    made = {"shared_flags": shlex.join(flags), "argv": argv, "settings": settings(cfg), "code": code_fingerprint(),
+            **provenance(run.module.precision, str(run.module.device))}  # fmt: skip
     result = fit(run)
     wall = time.time() - start
     sampled, sampled_tasks = float("nan"), {}
@@ -138,12 +141,7 @@ def one_run(cell: tuple) -> dict:
         "kinds": kinds,
         "sampled_tasks": sampled_tasks,
         "history": [step_figures(h) for h in hist],
-        # what made the run (records.py pools only runs that agree on it)
-        "shared_flags": shlex.join(flags),
-        "argv": argv,
-        "settings": settings(cfg),
-        "code": code_fingerprint(),
-        **provenance(run.module.precision, str(run.module.device)),
+        **made,
     }
 
 
