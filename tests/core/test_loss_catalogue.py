@@ -206,8 +206,8 @@ def test_a_users_loss_aggregation_and_proximal_policy_train_from_a_file_outside_
     assert "half_pg (default: clipped)" in helped and "half-token-mean (default: token-mean)" in helped
     assert "interpolate, mu (default: recompute)" in helped
     run = subprocess.run([*argv, "--loss", "half_pg", "--aggregation", "half-token-mean", "--proximal", "mu",
-                          "--max-steps", "2", "--eval-every", "1000", "--eval-at-start", "false", "--progress",
-                          "false", "--log-dir", str(tmp_path / "runs")],
+                          "--max-steps", "2", "--tasks-per-step", "2", "--episodes-per-task", "4", "--eval-episodes",
+                          "1", "--eval-at-start", "false", "--progress", "false", "--log-dir", str(tmp_path / "runs")],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert "2 steps" in run.stdout

@@ -162,7 +162,8 @@ def test_a_signal_ends_the_runs_in_flight_at_once_and_keeps_the_finished_ones(tm
     env = dict(os.environ, LRL_TEST_STEP_FILE=str(step_file), LRL_TEST_STEP_SECONDS="300", PYTHONPATH=plugins)
     argv = [sys.executable, "-m", "lrl_lab.experiments.decide", "--rows", "quick=",
             "slow=--plugins long_step --callbacks long_step", "--seeds", "1", "--jobs", "2", "--threads", "1",
-            "--samples", "0", "--out", str(tmp_path), "--", "--env", "tinyagent", "--max-steps", "3"]  # fmt: skip
+            "--samples", "0", "--out", str(tmp_path), "--", "--env", "tinyagent", "--max-steps", "2", "--tasks-per-step",
+            "2", "--episodes-per-task", "4", "--eval-episodes", "1", "--eval-at-start", "false"]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = tmp_path / "results.jsonl"
     deadline = time.monotonic() + 240
