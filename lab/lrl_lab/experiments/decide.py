@@ -102,9 +102,10 @@ def one_run(cell: tuple) -> dict:
     start = time.time()
     argv = run_argv(flags, row_flags, seed, threads)
     cfg = parse_args(argv)
+    asked = settings(cfg)  # as the flags give it: building the run resolves a named model to this machine's cache
     run = build_run(cfg, logger=False, callbacks=None)
     # what made the run, read before it trains (the checkout may move on while it does; records.py pools by it)
-    made = {"shared_flags": shlex.join(flags), "argv": argv, "settings": settings(cfg), "code": code_fingerprint(),
+    made = {"shared_flags": shlex.join(flags), "argv": argv, "settings": asked, "code": code_fingerprint(),
             **provenance(run.module.precision, str(run.module.device))}  # fmt: skip
     result = fit(run)
     wall = time.time() - start
