@@ -301,10 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or max((os.cpu_count() or 1) // args.jobs, 1)
     out = Path(args.out)
     done_path = out / "results.jsonl"
-    problems = planned(rows, flags, args.first_seed, threads)  # first: a refused command makes no folder
-    if isinstance(problems, dict):
-        wanted, problems = problems, [problem for problem in [writable_folder(out, "--out")] if problem]
-        problems += check_plot(args.plot)
+    wanted, problems = planned(rows, flags, args.first_seed, threads)  # first: a refused command makes no folder
+    if not problems:
+        problems = [problem for problem in [writable_folder(out, "--out")] if problem] + check_plot(args.plot)
     if not problems and done_path.exists() and not done_path.is_file():
         problems.append(f"--out {out}: its results.jsonl is not a file")
     for line in problems:  # before any run: a typo in one row would otherwise surface hours into the others

@@ -192,9 +192,9 @@ def table_options(args, rows: dict, baseline: str) -> str | None:
     return None
 
 
-def planned(rows: dict[str, str], flags: list[str], seed: int, threads: int) -> dict[str, dict] | list[str]:
+def planned(rows: dict[str, str], flags: list[str], seed: int, threads: int) -> tuple[dict[str, dict], list[str]]:
     """What a run of each row made now records of its making (records.py; its settings, machine and torch) ->
-    label: that record, or the rows' problems (train.py refuses their flags), one line each."""
+    (label: that record, the rows' problems: one line each where train.py refuses their flags)."""
     import torch
 
     from lrl.arguments import parse_args
@@ -212,6 +212,6 @@ def planned(rows: dict[str, str], flags: list[str], seed: int, threads: int) -> 
         wanted[label] = {"row": label, "flags": row_flags, "shared_flags": shlex.join(flags), "torch": torch.__version__,
                          "settings": records.settings(cfg)}  # fmt: skip
     if problems:
-        return problems
+        return {}, problems
     here = machine_name(run_device(flags, threads))
-    return {label: dict(w, machine=here) for label, w in wanted.items()}
+    return {label: dict(w, machine=here) for label, w in wanted.items()}, []
