@@ -14,13 +14,22 @@ matrix products on a CPU, so the engine (:mod:`lrl.kvcache`) swaps them for the 
   and writes the new position into it (the room doubles when it runs out, and a layer whose rows were selected
   starts a new buffer).
 
-Both are exact in what they compute: the same keys, values and mask in, the same attention out to the rounding
-of a different summation order; no weight or token is treated differently.
+- **weights laid out for few rows** (:func:`row_major_linears`): a linear layer computes ``x @ W.T`` from ``W``
+  stored ``[out, in]``; at the 1-64 rows of a decode step the CPU's BLAS runs that transposed product 2-5x
+  slower than ``x @ Wt`` from a copy stored ``[in, out]`` (measured on a 2-core Ice Lake Xeon, fp32, SmolLM2's
+  shapes: 0.75 ms against 0.29 ms for 32 rows of its 576 x 1536 MLP; ``bench/bench_real_model.py``). The engine's
+  fp32 forwards on a CPU run every linear layer from such a copy, made once per weight version (a layer whose
+  weights change in place, as an optimizer step or a weight sync does, is copied again at its next forward):
+  one more fp32 copy of the decoded model's linear weights.
+
+All three are exact in what they compute: the same keys, values, weights and mask in, the same numbers out to
+the rounding of a different summation order; no weight or token is treated differently.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 
@@ -130,3 +139,54 @@ class GrowingLayer(_dynamic_layer()):
             and (not self.keys.numel() or self.keys.data_ptr() == keys.data_ptr())
             and keys.dtype == key_states.dtype
         )
+
+
+# -- linear layers from a [in, out] copy of their weights ------------------------------------------------
+_ROW_MAJOR: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Linear -> (data_ptr, version, [in, out])
+
+
+def _row_major_weight(layer: torch.nn.Linear) -> torch.Tensor:
+    """`layer`'s weight as a contiguous [in, out] tensor, copied again whenever the weight changed since."""
+    weight = layer.weight
+    key = (weight.data_ptr(), weight._version)
+    kept = _ROW_MAJOR.get(layer)
+    if kept is None or kept[:2] != key:
+        kept = (*key, weight.detach().t().contiguous())
+        _ROW_MAJOR[layer] = kept
+    return kept[2]
+
+
+def row_major_forward(layer: torch.nn.Linear):
+    """`layer`'s forward as ``x @ Wt (+ b)`` from its [in, out] copy (without gradients: the copy is detached)."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        out = torch.matmul(x, _row_major_weight(layer))
+        return out if layer.bias is None else out + layer.bias
+
+    return forward
+
+
+def row_major_applies(layer: torch.nn.Module) -> bool:
+    """A plain linear layer with fp32 weights on a CPU (where the layout matters: measured there)."""
+    if type(layer) is not torch.nn.Linear or "forward" in vars(layer):  # a forward of its own stays
+        return False
+    weight = layer.weight
+    return weight.device.type == "cpu" and weight.dtype == torch.float32
+
+
+@contextlib.contextmanager
+def row_major_linears(model: torch.nn.Module):
+    """Within this context and without gradients, the plain fp32 CPU linear layers of `model` (the LM head too)
+    compute from [in, out] copies of their weights; with gradients enabled, or on any other layer, nothing
+    changes. The layers' own forwards come back when the context ends, whatever happens inside it."""
+    if torch.is_grad_enabled():
+        yield
+        return
+    layers = [m for m in model.modules() if row_major_applies(m)]
+    for layer in layers:
+        layer.forward = row_major_forward(layer)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward

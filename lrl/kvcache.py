@@ -142,10 +142,10 @@ class KVBatch:
         kwargs = {self.cache_arg: self.cache, "use_cache": True}
         if self.keep_last:
             kwargs["logits_to_keep"] = 1
-        from lrl.decode_step import decode_attention
+        from lrl.decode_step import decode_attention, row_major_linears
 
         one = ids.shape[1] == 1  # a decode step: its attention is one query a row (lrl.decode_step)
-        with decode_attention(self.model) if one else contextlib.nullcontext():
+        with decode_attention(self.model) if one else contextlib.nullcontext(), row_major_linears(self.model):
             out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=position, **kwargs)
         self.forwards += 1
         return out.logits[:, -1]  # [b, V]

@@ -88,3 +88,51 @@ def test_a_decoded_continuation_on_a_real_model_shape_matches_one_full_forward(s
                 steps.append(out.logits[:, -1])
         assert model.config._attn_implementation == "sdpa"  # put back after the steps
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 1:], rtol=1e-4, atol=1e-4)
+
+
+class TwoLinears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.a = torch.nn.Linear(12, 20)
+        self.b = torch.nn.Linear(20, 7, bias=False)
+        self.c = torch.nn.Linear(7, 5).to(torch.float64)  # not fp32: left as it is
+        for p in self.parameters():
+            p.data = torch.randn(p.shape, generator=g, dtype=p.dtype)
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x)).double())
+
+
+def test_row_major_linears_compute_what_the_layers_compute_and_follow_weights_changed_in_place():
+    from lrl.decode_step import row_major_linears
+
+    net = TwoLinears()
+    x = torch.randn(3, 4, 12, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = net(x)
+        with row_major_linears(net):
+            assert "forward" in vars(net.a) and "forward" in vars(net.b) and "forward" not in vars(net.c)
+            got = net(x)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            net.a.weight.mul_(2.0)  # an optimizer step or a weight sync changes the weights in place
+            moved = net(x)
+        assert "forward" not in vars(net.a) and "forward" not in vars(net.b)  # the layers' own forwards again
+        torch.testing.assert_close(moved, net(x), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(moved, got)
+
+
+def test_row_major_linears_leave_a_forward_with_gradients_alone_and_restore_after_an_error():
+    from lrl.decode_step import row_major_linears
+
+    net = TwoLinears()
+    with row_major_linears(net):  # gradients enabled: the layers' own forwards, which backpropagate
+        assert "forward" not in vars(net.a)
+        net(torch.randn(2, 12)).sum().backward()
+    assert net.a.weight.grad is not None
+    try:
+        with torch.no_grad(), row_major_linears(net):
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    assert "forward" not in vars(net.a) and "forward" not in vars(net.b)
