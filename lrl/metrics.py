@@ -80,6 +80,8 @@ def step_metrics(
         "train/skipped": (float(updates is None), 1.0),
         "mismatch/abs_mean": (raw["abs_mean"], n_mon),
         "mismatch/over_cap": (raw["over_cap"], n_mon),
+        # the share of the batch's rows (with an action token) the mismatch and off-policy metrics stand on
+        "mismatch/rows_share": (n_mon_seq / max(float(on.any(-1).sum()), 1.0), float(on.any(-1).sum())),
         "offpolicy/masked": (raw["masked"], n_mon),
         "offpolicy/seq_over_cap": (seq["seq_over_cap"], n_mon_seq),
         "offpolicy/seq_outside_band": (seq["seq_outside_band"], n_mon_seq),

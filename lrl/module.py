@@ -28,7 +28,7 @@ from lrl.objective import Objective
 from lrl.precision import LossScale, accelerator_device, autocast, resolve_precision
 from lrl.stats import policy_shift
 from lrl.step_data import RETAKE, Scored, StepRecord, Stopwatch, merged_ledger
-from lrl.streams import EVALUATION, SHUFFLE, stream_seed
+from lrl.streams import EVALUATION, MONITORED, SHUFFLE, keyed, stream_seed
 from lrl.update import (
     Minibatch,
     NumericalError,
@@ -36,8 +36,10 @@ from lrl.update import (
     UpdatePlan,
     check_scored,
     learning_rate,
+    entropy_scale,
     live_rows,
     microbatches,
+    monitored_rows,
     not_applied,
     plan_update,
     raise_if_nonfinite,
@@ -149,11 +151,19 @@ class OffPolicyModule(L.LightningModule):
         plan = plan_update(batch, None, None, ranks, opts.minibatches, self.shuffle, where, live, self.skip_rows, units)
         if not self.objective.proximal.scores_pi_old:  # rows no update forward runs stay out of the metrics
             return plan, Scored.unscored(mu)
-        # the update's forward is pi_old's: score only the rows it skips (a step without signal runs none: all)
-        scored = self.score(batch, ~live if plan.signal else None, entropy=plan.signal)
-        others = batch["action_mask"] * (~live[:, None] if plan.signal else 1)
+        # the update's forward is pi_old's: score only rows it skips (a step without signal runs none), for the
+        # metrics alone, and of those only the monitored subset
+        skipped = ~live if plan.signal else torch.ones_like(live)
+        seed = keyed(stream_seed(self.cfg.run.seed, MONITORED), self.version, ranks.rank)
+        # step_kl measures the step's move on every row, against pi_old: then each is scored
+        monitored = monitored_rows(skipped, None if opts.step_kl else opts.monitor_rows, seed)
+        scored = self.score(batch, monitored, entropy=plan.signal)
+        others = batch["action_mask"] * monitored[:, None]
         fixed = correct(scored.old_logp, mu, others, advantage, weighting)
         scored.weights, scored.dropped = fixed.weights, fixed.dropped
+        if not bool((monitored == skipped).all()):  # some rows that do not train stay unscored: not seen
+            scored.seen = monitored.clone()
+            scored.entropy_scale = entropy_scale(batch["action_mask"], skipped, monitored)
         check_scored(scored.old_logp, scored.weights, others.bool(), ranks, where)
         return plan, scored
 
@@ -222,8 +232,9 @@ class OffPolicyModule(L.LightningModule):
         if len(parts) > 1 and self.past_target(mb, kl):
             optimizer.zero_grad()
             return None
-        if scored.entropy is not None and "entropy" in st:  # the rows that stayed out, at pi_old
-            others = scored.entropy[mb.others].sum() / local_tokens.clamp(min=1) * share
+        if scored.entropy is not None and "entropy" in st:  # the rows that stayed out, at pi_old (their monitored
+            # subset's entropy scaled up to all of their tokens where only a subset was scored)
+            others = scored.entropy[mb.others].sum() * scored.entropy_scale / local_tokens.clamp(min=1) * share
             st["entropy"] = st["entropy"] + others.to(st["entropy"])
         st["moved"] = torch.tensor(moved)
         if mb.old_logp is None and moved == 0:  # every weight of the minibatch turned out 0: nothing to step

@@ -50,6 +50,9 @@ class Scored:
     entropy: torch.Tensor | None = None  # of the rows scored apart (the others' come from the update)
     dropped: dict[str, torch.Tensor] = field(default_factory=dict)  # reason -> bool [B, T-1]
     seen: torch.Tensor | None = None  # [B] bool (None: every row's old_logp is pi_old)
+    # what the entropy summed over the rows scored apart is multiplied by to stand for all the rows the update
+    # skips (1: each of them was scored; lrl.update.entropy_scale where only the monitored subset was)
+    entropy_scale: float = 1.0
 
     @classmethod
     def unscored(cls, logp_sampler: torch.Tensor) -> Scored:

@@ -11,6 +11,7 @@ SAMPLING = 0  # which tasks a batch trains on, which tokens its episodes sample
 SHUFFLE = 1  # the trainer's minibatch shuffle
 ENV_FAILURES = 2  # injected environment failures (lrl.envs.FailureInjection)
 TOOL_LATENCY = 3  # drawn tool latencies (lrl.envs.latency)
+MONITORED = 4  # which rows that do not train have pi_old scored for the mismatch metrics (lrl.update.monitored_rows)
 EVALUATION = 10_000  # the held-out evaluation's sampling
 FREE_WORKER = (
     10_000  # a free-running worker's sampling: "batch" numbers far from a deterministic run's batches

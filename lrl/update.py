@@ -98,6 +98,28 @@ def live_rows(batch: Batch, keep_all: bool) -> torch.Tensor:
     return batch["action_mask"].bool().any(-1) & batch["advantage"].ne(0)
 
 
+def monitored_rows(candidates: torch.Tensor, count: int | None, seed: int) -> torch.Tensor:
+    """Which of the `candidates` ([B] bool: rows that do not train) have pi_old scored for the metrics alone -> [B]
+    bool: all of them where `count` is None or at least their number, else `count` of them drawn uniformly without
+    replacement (a generator seeded with `seed`: no training stream moves)."""
+    candidates = candidates.bool()
+    index = candidates.nonzero(as_tuple=True)[0]
+    if count is None or count >= len(index):
+        return candidates.clone()
+    order = torch.randperm(len(index), generator=torch.Generator().manual_seed(seed))
+    chosen = torch.zeros_like(candidates)
+    chosen[index[order[:count].to(index.device)]] = True
+    return chosen
+
+
+def entropy_scale(mask: torch.Tensor, candidates: torch.Tensor, monitored: torch.Tensor) -> float:
+    """The factor that makes the entropy summed over the monitored rows' action tokens stand for all the candidates'
+    (their action tokens over the monitored ones'; 0 where none is monitored: their entropy is then left out)."""
+    tokens = mask.sum(-1)
+    seen = float(tokens[monitored.to(tokens.device)].sum())
+    return float(tokens[candidates.to(tokens.device)].sum()) / seen if seen else 0.0
+
+
 def plan_update(
     batch: Batch,
     old_logp,

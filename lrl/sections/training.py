@@ -137,6 +137,16 @@ class UpdateOptions:
         "measure KL(pi_old || pi_new) on each step's batch after its updates (one forward)",
         resumable=True,
     )
+    monitor_rows: int | None = option(
+        8,
+        "of a step's rows that do not train (no advantage: the update's forward skips them; every row of a skipped "
+        "step), how many, drawn at random, have pi_old scored for the mismatch metrics alone (null: all; 0: none; "
+        "all where step_kl measures the step on every row); mismatch/rows_share says on what share of the batch's "
+        "rows those metrics stand",
+        ge=0,
+        le=MAX_INT,
+        resumable=True,
+    )
     loss: str = option(
         "clipped",
         "the policy loss (a registered name): clipped (the decoupled clipped loss w * min(rho A, clip(rho) A)), pg "

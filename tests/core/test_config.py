@@ -289,6 +289,7 @@ def test_the_options_a_resumed_run_may_change_are_declared_on_them():
         "monitor_staleness", "monitor_timing", "monitor_env", "health_check", "health_threshold",
         "health_threshold_p99", "health_strict", "histogram_every", "overwrite", "monitor_jumps", "jump_factor",
         "rollout_backend", "worker_cpus", "worker_gpus", "ray_address", "worker_restarts", "worker_threads",
+        "monitor_rows",
     }  # fmt: skip
 
 

@@ -96,9 +96,55 @@ def test_the_step_gradient_equals_scoring_apart_and_every_row(format_policy, mon
     assert sum(forwards) == rows + (0 if correction == "tis" else 11), forwards  # 11 rows have an advantage
 
 
-def test_a_fused_step_whose_rows_all_have_zero_advantage_is_skipped(format_policy, monkeypatch):
+def test_scoring_a_subset_of_the_rows_that_do_not_train_changes_no_gradient(format_policy, monkeypatch):
+    """monitor_rows: 4 of the 12 zero-advantage rows are scored for the metrics; the gradient is every row's, pi_old
+    of the rows seen is the reference's, and the metrics stand on the rows seen (those that trained, and the 4)."""
+    cfg = quick_cfg(max_steps=1, minibatches=1, correction="tis", max_grad_norm=1e9, max_step_kl=None,
+                    step_kl=False, eval_at_start=False, monitor_rows=4)  # fmt: skip
+    run = build_run(cfg, logger=False, policy=copy.deepcopy(format_policy))
+    run.module.skip_rows = True
+    zero = [0, 1, 2, 3, 5, 6, 8, 9, 10, 12, 13, 14]
+    batch = fixed_batch(run, zero_rows=zero)
+    want, old, weights = reference_gradient(format_policy, batch, cfg)
+    forwards = []
+    hook = run.policy.register_forward_hook(
+        lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    got, record = step_gradient(run, batch, monkeypatch)
+    hook.remove()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+    rows = len(batch["ids"])
+    assert sorted(forwards) == sorted([4, rows - len(zero)]), forwards  # 4 rows scored apart, the rest trained
+    live = torch.ones(rows, dtype=torch.bool)
+    live[zero] = False
+    assert bool(record.seen[live].all()) and int(record.seen[~live].sum()) == 4
+    on = batch["action_mask"].bool() & record.seen[:, None]
+    torch.testing.assert_close(record.old_logp[on], old[on], rtol=0, atol=1e-5)
+    torch.testing.assert_close(record.weights[on], weights[on], rtol=0, atol=1e-5)
+    assert run.module.history[0]["mismatch/rows_share"] == pytest.approx((rows - len(zero) + 4) / rows)
+
+
+def test_monitored_rows_draw_the_count_asked_from_the_candidates_alone():
+    from lrl.update import entropy_scale, monitored_rows
+
+    candidates = torch.tensor([True, False, True, True, False, True, True])
+    assert torch.equal(monitored_rows(candidates, None, 0), candidates)
+    assert torch.equal(monitored_rows(candidates, 9, 0), candidates)
+    picked = monitored_rows(candidates, 2, 0)
+    assert int(picked.sum()) == 2 and not bool((picked & ~candidates).any())
+    assert torch.equal(picked, monitored_rows(candidates, 2, 0))  # the seed decides
+    assert int(monitored_rows(candidates, 0, 0).sum()) == 0
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0], [1, 0, 0]])
+    seen = torch.tensor([True, False, False, False, False, False, True])
+    assert entropy_scale(mask, candidates, seen) == pytest.approx((2 + 3 + 1 + 2 + 1) / (2 + 1))
+    assert entropy_scale(mask, candidates, torch.zeros(7, dtype=torch.bool)) == 0.0
+
+
+@pytest.mark.parametrize("monitor_rows", [None, 5])
+def test_a_fused_step_whose_rows_all_have_zero_advantage_is_skipped(format_policy, monkeypatch, monitor_rows):
     cfg = quick_cfg(max_steps=1, minibatches=1, correction="tis", max_step_kl=None, step_kl=False,
-                    eval_at_start=False)  # fmt: skip
+                    eval_at_start=False, monitor_rows=monitor_rows)  # fmt: skip
     run = build_run(cfg, logger=False, policy=copy.deepcopy(format_policy))
     run.module.skip_rows = True
     batch = fixed_batch(run, zero_rows=list(range(16)))
@@ -109,7 +155,16 @@ def test_a_fused_step_whose_rows_all_have_zero_advantage_is_skipped(format_polic
     assert run.module.history[0]["train/skipped"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, run.policy.parameters()))
     on = batch["action_mask"].bool()
-    assert run.module.last_step.old_logp[on].ne(0).all()  # every row was scored for the metrics
+    record = run.module.last_step
+    rows = on.any(-1)
+    if monitor_rows is None:
+        assert record.seen is None and record.old_logp[on].ne(0).all()  # every row was scored for the metrics
+        assert run.module.history[0]["mismatch/rows_share"] == 1.0
+    else:  # 5 rows drawn from those with action tokens were scored, the metrics stand on them alone
+        assert int(record.seen.sum()) == 5 and bool(rows[record.seen].all())
+        assert record.old_logp[on & record.seen[:, None]].ne(0).all()
+        assert record.old_logp[~record.seen].eq(0).all()
+        assert run.module.history[0]["mismatch/rows_share"] == pytest.approx(5 / int(rows.sum()))
 
 
 def test_registered_builtin_corrections_say_they_are_per_row():
