@@ -18,9 +18,9 @@ matrix products on a CPU, so the engine (:mod:`lrl.kvcache`) swaps them for the 
   stored ``[out, in]``; at the 1-64 rows of a decode step the CPU's BLAS runs that transposed product 2-5x
   slower than ``x @ Wt`` from a copy stored ``[in, out]`` (measured on a 2-core Ice Lake Xeon, fp32, SmolLM2's
   shapes: 0.75 ms against 0.29 ms for 32 rows of its 576 x 1536 MLP; ``bench/bench_real_model.py``). The engine's
-  fp32 forwards on a CPU run every linear layer from such a copy, made once per weight version (a layer whose
-  weights change in place, as an optimizer step or a weight sync does, is copied again at its next forward):
-  one more fp32 copy of the decoded model's linear weights.
+  fp32 forwards on a CPU run every linear layer from such a copy, made once per decoding scope (a sampling
+  call, whose weights do not change under it) and let go with it: one more fp32 copy of the decoded model's
+  linear weights while it decodes.
 
 All three are exact in what they compute: the same keys, values, weights and mask in, the same numbers out to
 the rounding of a different summation order; no weight or token is treated differently.
@@ -29,7 +29,6 @@ the rounding of a different summation order; no weight or token is treated diffe
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import torch
 
@@ -142,25 +141,30 @@ class GrowingLayer(_dynamic_layer()):
 
 
 # -- linear layers from a [in, out] copy of their weights ------------------------------------------------
-_ROW_MAJOR: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Linear -> (data_ptr, version, [in, out])
+class RowMajorWeights:
+    """[in, out] copies of linear layers' weights, for one decoding scope whose weights do not change under it (a
+    sampling call, a generation): made at a layer's first forward in the scope and let go with the scope. A copy
+    whose weight was replaced or changed in place in the meantime is made again, where torch counts the change (a
+    fused optimizer step does not: hence one scope per set of weights, not one for a model's life)."""
+
+    def __init__(self):
+        self.copies: dict[int, tuple[torch.nn.Linear, int, int, torch.Tensor]] = {}
+
+    def of(self, layer: torch.nn.Linear) -> torch.Tensor:
+        weight = layer.weight
+        kept = self.copies.get(id(layer))
+        if kept is None or kept[0] is not layer or kept[1:3] != (weight.data_ptr(), weight._version):
+            kept = (layer, weight.data_ptr(), weight._version, weight.detach().t().contiguous())
+            self.copies[id(layer)] = kept
+        return kept[3]
 
 
-def _row_major_weight(layer: torch.nn.Linear) -> torch.Tensor:
-    """`layer`'s weight as a contiguous [in, out] tensor, copied again whenever the weight changed since."""
-    weight = layer.weight
-    key = (weight.data_ptr(), weight._version)
-    kept = _ROW_MAJOR.get(layer)
-    if kept is None or kept[:2] != key:
-        kept = (*key, weight.detach().t().contiguous())
-        _ROW_MAJOR[layer] = kept
-    return kept[2]
-
-
-def row_major_forward(layer: torch.nn.Linear):
-    """`layer`'s forward as ``x @ Wt (+ b)`` from its [in, out] copy (without gradients: the copy is detached)."""
+def row_major_forward(layer: torch.nn.Linear, weights: RowMajorWeights):
+    """`layer`'s forward as ``x @ Wt (+ b)`` from its [in, out] copy in `weights` (no gradient: the copy is
+    detached)."""
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        out = torch.matmul(x, _row_major_weight(layer))
+        out = torch.matmul(x, weights.of(layer))
         return out if layer.bias is None else out + layer.bias
 
     return forward
@@ -175,16 +179,16 @@ def row_major_applies(layer: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def row_major_linears(model: torch.nn.Module):
+def row_major_linears(model: torch.nn.Module, weights: RowMajorWeights):
     """Within this context and without gradients, the plain fp32 CPU linear layers of `model` (the LM head too)
-    compute from [in, out] copies of their weights; with gradients enabled, or on any other layer, nothing
-    changes. The layers' own forwards come back when the context ends, whatever happens inside it."""
+    compute from [in, out] copies of their weights kept in `weights`; with gradients enabled, or on any other
+    layer, nothing changes. The layers' own forwards come back when the context ends, whatever happens in it."""
     if torch.is_grad_enabled():
         yield
         return
     layers = [m for m in model.modules() if row_major_applies(m)]
     for layer in layers:
-        layer.forward = row_major_forward(layer)
+        layer.forward = row_major_forward(layer, weights)
     try:
         yield
     finally:
