@@ -257,19 +257,13 @@ def plan_memory(
 
 def static_bytes(update: UpdateOptions, params: int, sampler=None) -> int:
     """What a step keeps whatever its batch: fp32 weights, gradients and Adam's two moments (16 bytes a
-    parameter), the update guard's copy of weights and moments, the copies the sampler in this process
-    declares (its kept versions, its behavior model, an engine's cache), and where it decodes fp32 weights with a
-    KV cache (or may: 'auto'), the engine's row-major copy of them (4 bytes a parameter)."""
+    parameter), the update guard's copy of weights and moments, and the copies the sampler in this process
+    declares (its kept versions, its behavior model, an engine's cache)."""
     static = 16 * params
     if update.max_step_kl is not None:
         static += 12 * params
     if sampler is not None:
-        import torch
-
-        traits = sampler.traits
-        static += traits.kept_bytes(params)
-        if traits.decode in ("kvcache", "auto") and traits.dtype == torch.float32:
-            static += 4 * params  # the engine's [in, out] copy of the linear weights it decodes (lrl.decode_step)
+        static += sampler.traits.kept_bytes(params)
     return static
 
 

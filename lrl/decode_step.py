@@ -14,13 +14,11 @@ matrix products on a CPU, so the engine (:mod:`lrl.kvcache`) swaps them for the 
   and writes the new position into it (the room doubles when it runs out, and a layer whose rows were selected
   starts a new buffer).
 
-- **weights laid out for few rows** (:func:`row_major_linears`): a linear layer computes ``x @ W.T`` from ``W``
-  stored ``[out, in]``; at the 1-64 rows of a decode step the CPU's BLAS runs that transposed product 2-5x
-  slower than ``x @ Wt`` from a copy stored ``[in, out]`` (measured on a 2-core Ice Lake Xeon, fp32, SmolLM2's
-  shapes: 0.75 ms against 0.29 ms for 32 rows of its 576 x 1536 MLP; ``bench/bench_real_model.py``). The engine's
-  fp32 forwards on a CPU run every linear layer from such a copy, made once per decoding scope (a sampling
-  call, whose weights do not change under it) and let go with it: one more fp32 copy of the decoded model's
-  linear weights while it decodes.
+- **the product turned round at few rows** (:func:`few_rows_linears`): a linear layer computes ``x @ W^T`` from
+  ``W`` stored ``[out, in]``; at the 8-48 rows of a decode step the CPU's BLAS runs that product 2-3x slower than
+  the same numbers computed as ``(W @ x^T)^T`` (measured on a 2-core Ice Lake Xeon, fp32, SmolLM2's shapes: 0.71
+  ms against 0.27 ms for 32 rows of its 576 x 1536 MLP, 26 against 14 ms for its LM head; at 1-4 rows and from 64
+  up the layer's own product is as fast or faster, and is kept). No weight is copied.
 
 All three are exact in what they compute: the same keys, values, weights and mask in, the same numbers out to
 the rounding of a different summation order; no weight or token is treated differently.
@@ -140,38 +138,26 @@ class GrowingLayer(_dynamic_layer()):
         )
 
 
-# -- linear layers from a [in, out] copy of their weights ------------------------------------------------
-class RowMajorWeights:
-    """[in, out] copies of linear layers' weights, for one decoding scope whose weights do not change under it (a
-    sampling call, a generation): made at a layer's first forward in the scope and let go with the scope. A copy
-    whose weight was replaced or changed in place in the meantime is made again, where torch counts the change (a
-    fused optimizer step does not: hence one scope per set of weights, not one for a model's life)."""
-
-    def __init__(self):
-        self.copies: dict[int, tuple[torch.nn.Linear, int, int, torch.Tensor]] = {}
-
-    def of(self, layer: torch.nn.Linear) -> torch.Tensor:
-        weight = layer.weight
-        kept = self.copies.get(id(layer))
-        if kept is None or kept[0] is not layer or kept[1:3] != (weight.data_ptr(), weight._version):
-            kept = (layer, weight.data_ptr(), weight._version, weight.detach().t().contiguous())
-            self.copies[id(layer)] = kept
-        return kept[3]
+# -- linear layers at a decode step's few rows ----------------------------------------------------------
+FEW_ROWS = (8, 48)  # the rows a forward holds where (W x^T)^T beats x W^T (fp32, CPU; measured, module docstring)
 
 
-def row_major_forward(layer: torch.nn.Linear, weights: RowMajorWeights):
-    """`layer`'s forward as ``x @ Wt (+ b)`` from its [in, out] copy in `weights` (no gradient: the copy is
-    detached)."""
+def few_rows_forward(layer: torch.nn.Linear):
+    """`layer`'s forward as ``(W @ x^T)^T (+ b)`` where its input holds FEW_ROWS rows, else its own product."""
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        out = torch.matmul(x, weights.of(layer))
+        rows = x.numel() // max(x.shape[-1], 1)
+        if not FEW_ROWS[0] <= rows <= FEW_ROWS[1]:
+            return torch.nn.functional.linear(x, layer.weight, layer.bias)
+        out = torch.mm(layer.weight, x.reshape(rows, x.shape[-1]).t()).t()
+        out = out.reshape(*x.shape[:-1], layer.out_features)
         return out if layer.bias is None else out + layer.bias
 
     return forward
 
 
-def row_major_applies(layer: torch.nn.Module) -> bool:
-    """A plain linear layer with fp32 weights on a CPU (where the layout matters: measured there)."""
+def few_rows_applies(layer: torch.nn.Module) -> bool:
+    """A plain linear layer with fp32 weights on a CPU (where the order of the product matters: measured there)."""
     if type(layer) is not torch.nn.Linear or "forward" in vars(layer):  # a forward of its own stays
         return False
     weight = layer.weight
@@ -179,16 +165,16 @@ def row_major_applies(layer: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def row_major_linears(model: torch.nn.Module, weights: RowMajorWeights):
+def few_rows_linears(model: torch.nn.Module):
     """Within this context and without gradients, the plain fp32 CPU linear layers of `model` (the LM head too)
-    compute from [in, out] copies of their weights kept in `weights`; with gradients enabled, or on any other
-    layer, nothing changes. The layers' own forwards come back when the context ends, whatever happens in it."""
+    compute a forward of FEW_ROWS rows as ``(W @ x^T)^T``; with gradients enabled, at other row counts, or on any
+    other layer, nothing changes. The layers' own forwards come back when the context ends, whatever happens."""
     if torch.is_grad_enabled():
         yield
         return
-    layers = [m for m in model.modules() if row_major_applies(m)]
+    layers = [m for m in model.modules() if few_rows_applies(m)]
     for layer in layers:
-        layer.forward = row_major_forward(layer, weights)
+        layer.forward = few_rows_forward(layer)
     try:
         yield
     finally:

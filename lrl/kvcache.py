@@ -71,11 +71,8 @@ class KVBatch:
     padding (at the left, or between turns) never shifts positions.
     """
 
-    def __init__(self, model, pad_id: int, rows: Sequence[RowCache | None] | None = None, n: int = 0, weights=None):
-        from lrl.decode_step import RowMajorWeights, growing_cache  # transformers, imported when a model is decoded
-
+    def __init__(self, model, pad_id: int, rows: Sequence[RowCache | None] | None = None, n: int = 0):
         self.model = model
-        self.weights = weights if weights is not None else RowMajorWeights()  # the scope's [in, out] copies
         self.pad_id = pad_id
         self.cache_arg = cache_argument(model)
         self.keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -104,6 +101,8 @@ class KVBatch:
             for i, row in enumerate(rows):
                 if row is not None and row.length:
                     self.mask[i, width - row.length :] = 1
+        from lrl.decode_step import growing_cache  # transformers, imported when a model is decoded
+
         self.cache = growing_cache(model.config, data)
         self.forwards = 0  # forward passes run on this batch
 
@@ -143,10 +142,10 @@ class KVBatch:
         kwargs = {self.cache_arg: self.cache, "use_cache": True}
         if self.keep_last:
             kwargs["logits_to_keep"] = 1
-        from lrl.decode_step import decode_attention, row_major_linears
+        from lrl.decode_step import decode_attention, few_rows_linears
 
         one = ids.shape[1] == 1  # a decode step: its attention is one query a row (lrl.decode_step)
-        with decode_attention(self.model) if one else contextlib.nullcontext(), row_major_linears(self.model, self.weights):
+        with decode_attention(self.model) if one else contextlib.nullcontext(), few_rows_linears(self.model):
             out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=position, **kwargs)
         self.forwards += 1
         return out.logits[:, -1]  # [b, V]
@@ -196,9 +195,6 @@ class KVCacheDecoder:
         self.kept: dict[int, RowCache] = {}  # episode key -> its cache when it last left the batch
         self.keys: list[int] = []  # the rows of the current batch
         self.batch: KVBatch | None = None
-        from lrl.decode_step import RowMajorWeights
-
-        self.weights = RowMajorWeights()  # the decoder's [in, out] weight copies, for all of its batches
 
     def decode(self, rows: Sequence[tuple[int, Sequence[int]]]) -> torch.Tensor:
         keys = [key for key, _ in rows]
@@ -213,7 +209,7 @@ class KVCacheDecoder:
         self.keys = keys
         if all(r is None for r in cached):
             return self._prefill_shared([self.seqs[key] for key in keys])
-        self.batch = KVBatch(self.model, self.pad_id, cached, weights=self.weights)
+        self.batch = KVBatch(self.model, self.pad_id, cached)
         seen = [r.length if r is not None else 0 for r in cached]
         return self.batch.feed([self.seqs[key][n:] for key, n in zip(keys, seen)])  # prefill what is new
 
@@ -221,7 +217,7 @@ class KVCacheDecoder:
         """A new batch of rows that start from nothing: each distinct sequence is prefilled once (the samples of one
         task share their prompt), then its cache and logits are copied to every row that holds it -> [b, V]."""
         distinct, index = distinct_sequences(seqs)
-        self.batch = KVBatch(self.model, self.pad_id, n=len(distinct), weights=self.weights)
+        self.batch = KVBatch(self.model, self.pad_id, n=len(distinct))
         logits = self.batch.feed([list(seq) for seq in distinct])
         if len(distinct) == len(seqs):
             return logits
@@ -239,9 +235,6 @@ class KVCacheDecoder:
 
     def reset(self) -> None:
         """Forget every cache (the weights changed): the next call starts from the sequences themselves."""
-        from lrl.decode_step import RowMajorWeights
-
-        self.weights = RowMajorWeights()
         self.seqs = {}
         self.kept = {}
         self.batch = None
@@ -290,14 +283,11 @@ def engine_generate(
     cache_argument(model)
     check_context(model, max(len(p) for p in prompts) + new_tokens, "prompt + new tokens")
     batch_size = batch_size or len(prompts)
-    from lrl.decode_step import RowMajorWeights
-
-    weights = RowMajorWeights()
     ids = []
     logps = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
-        batch = KVBatch(model, pad_id, n=len(chunk), weights=weights)
+        batch = KVBatch(model, pad_id, n=len(chunk))
         logits = batch.feed(chunk)  # prefill
         step_ids = []
         step_logp = []
@@ -327,14 +317,11 @@ def engine_score(
     cache_argument(model)
     check_context(model, max(len(p) for p in prompts) + new_ids.shape[1], "prompt + new tokens")
     batch_size = batch_size or len(prompts)
-    from lrl.decode_step import RowMajorWeights
-
-    weights = RowMajorWeights()
     out = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
         forced = new_ids[start : start + batch_size]  # [b, n]
-        batch = KVBatch(model, pad_id, n=len(chunk), weights=weights)
+        batch = KVBatch(model, pad_id, n=len(chunk))
         logits = batch.feed(chunk)
         rows = []
         for step in range(forced.shape[1]):
