@@ -2,13 +2,15 @@
 
     python bench/bench_real_model.py                       # SmolLM2-135M-Instruct, two torch threads
     python bench/bench_real_model.py --batches 1 32 --skip-vllm --threads 1
+    python bench/bench_real_model.py --batches 32 --skip-training --dtypes fp32   # decode beside vLLM, fp32
 
 1. The limit: GEMM throughput of this machine in fp32 and bf16 (GFLOP/s), at the model's own shapes (a batch of
    tokens times its 576 x 1536 MLP) and at 2048 x 2048.
-2. Decode: tokens/s sampling 32 new tokens after the gym's chat prompts at batch 1, 32 and 64, by lrl's KV-cache
-   engine (fp32 and bf16 weights), transformers' generate (fp32, bf16) and vLLM on this CPU (bf16, where
-   installed); each beside the GFLOP/s it reaches (2 x parameters x tokens, the LM head included) and that
-   figure's share of the machine's GEMM limit in the same dtype.
+2. Decode: tokens/s sampling 32 new tokens after the gym's chat prompts (their prefill included) at batch 1, 32
+   and 64, by lrl's KV-cache engine, transformers' generate and vLLM on this CPU (where installed), each in every
+   dtype of ``--dtypes`` (fp32, and bf16 where the CPU has it natively: emulated bf16 is no one's choice); each
+   beside the GFLOP/s it reaches (2 x parameters x tokens, the LM head included) and that figure's share of the
+   machine's GEMM limit in the same dtype.
 3. Training: tokens/s of forward + backward + Adam over 16 sequences of 128 tokens (the log-probs through the
    head in chunks, lrl.logprobs), in fp32 and under bf16 autocast; GFLOP/s at 6 x parameters x tokens.
 4. Weight sync: seconds to load the trainer's weights into the engine's bf16 copy, and into vLLM in place.
@@ -90,6 +92,7 @@ def decode_rows(model, tok, batches, new_tokens, repeats, skip_vllm, limits):
     params = sum(p.numel() for p in model.parameters())
     flops_per_token = 2 * params
     models = {"fp32": model, "bf16": copy.deepcopy(model).to(torch.bfloat16)}
+    models = {d: m for d, m in models.items() if d in limits}
     rows = []
     for b in batches:
         prompts = prompts_of(tok, b)
@@ -105,19 +108,21 @@ def decode_rows(model, tok, batches, new_tokens, repeats, skip_vllm, limits):
             rows.append((f"transformers generate {dtype}", b, tokens / s, tokens * flops_per_token / s / 1e9,
                          limits[dtype]))  # fmt: skip
         if not skip_vllm:
-            rows += vllm_rows(model, prompts, new_tokens, repeats, flops_per_token, limits["bf16"], b)
+            for dtype, limit in limits.items():
+                rows += vllm_rows(model, prompts, new_tokens, repeats, flops_per_token, limit, b, dtype)
     return rows
 
 
-def vllm_rows(model, prompts, new_tokens, repeats, flops_per_token, limit, b):
+def vllm_rows(model, prompts, new_tokens, repeats, flops_per_token, limit, b, dtype="bf16"):
     from lrl.samplers.vllm import vllm_missing
 
     if vllm_missing():
         return []
     from lrl_lab.tools.mismatch_engines import VLLMScorer
 
+    name = {"bf16": "bfloat16", "fp32": "float32"}[dtype]
     args = argparse.Namespace(
-        vllm_kv_cache=512, vllm_dtype="bfloat16", engine_dtype="bfloat16", seed=0, temperature=1.0,
+        vllm_kv_cache=512, vllm_dtype=name, engine_dtype=name, seed=0, temperature=1.0,
         top_p=1.0, top_k=0, new_tokens=new_tokens,
     )  # fmt: skip
     scorer = VLLMScorer(model, args, max(map(len, prompts)))
@@ -126,7 +131,7 @@ def vllm_rows(model, prompts, new_tokens, repeats, flops_per_token, limit, b):
     finally:
         scorer.close()
     tokens = len(prompts) * new_tokens
-    return [("vllm (CPU) bf16", b, tokens / s, tokens * flops_per_token / s / 1e9, limit)]
+    return [(f"vllm (CPU) {dtype}", b, tokens / s, tokens * flops_per_token / s / 1e9, limit)]
 
 
 def training_rows(model, repeats, limits):
@@ -139,7 +144,7 @@ def training_rows(model, repeats, limits):
     positions = torch.zeros(16, 127, dtype=torch.bool)
     positions[:, 64:] = True  # half the positions are actions, as in an agent episode
     rows = []
-    for precision in ("fp32", "bf16"):
+    for precision in limits:
         net = copy.deepcopy(model).train()
         opt = torch.optim.Adam(net.parameters(), lr=1e-7)
 
@@ -210,6 +215,11 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--skip-vllm", action="store_true")
+    p.add_argument(
+        "--dtypes", nargs="+", choices=("fp32", "bf16"), default=None,
+        help="the arithmetic of every path (default: fp32, and bf16 where the CPU has it natively)",
+    )  # fmt: skip
+    p.add_argument("--skip-training", action="store_true", help="decode only")
     args = p.parse_args(argv)
     if min(args.threads, args.new_tokens, args.repeats, *args.batches) < 1:
         p.error("--threads, --batches, --new-tokens and --repeats must be at least 1")
@@ -220,21 +230,24 @@ def main(argv=None) -> int:
     params = sum(q.numel() for q in model.parameters())
     print(f"machine: {machine()}")
     print(f"model: {args.model}, {params / 1e6:.1f}M parameters")
-    limits = {
-        "fp32": gemm(2048, 576, 1536, torch.float32),
-        "bf16": gemm(2048, 576, 1536, torch.bfloat16),
-    }
-    square = {d: gemm(2048, 2048, 2048, t) for d, t in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    print(f"GEMM limit, [2048 x 576] x [576 x 1536]: fp32 {limits['fp32']:.0f} GFLOP/s, bf16 {limits['bf16']:.0f} "
-          f"GFLOP/s (bf16 / fp32 {limits['bf16'] / limits['fp32']:.2f}); 2048^3: fp32 {square['fp32']:.0f}, "
-          f"bf16 {square['bf16']:.0f}")  # fmt: skip
-    print(f"\n{'path':<28}{'batch':>6}{'tokens/s':>11}{'GFLOP/s':>10}{'of limit':>10}")
-    rows = training_rows(model, args.repeats, limits)
-    rows += decode_rows(model, tok, args.batches, args.new_tokens, args.repeats, args.skip_vllm, limits)
-    for name, b, tps, gflops, limit in rows:
+    from lrl.precision import native_bf16
+
+    dtypes = args.dtypes or (["fp32", "bf16"] if native_bf16("cpu") else ["fp32"])
+    kinds = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    limits = {d: gemm(2048, 576, 1536, kinds[d]) for d in dtypes}
+    square = {d: gemm(2048, 2048, 2048, kinds[d]) for d in dtypes}
+    print("GEMM limit, [2048 x 576] x [576 x 1536]: " + ", ".join(f"{d} {v:.0f} GFLOP/s" for d, v in limits.items())
+          + "; 2048^3: " + ", ".join(f"{d} {v:.0f}" for d, v in square.items()))  # fmt: skip
+    print(f"\n{'path':<28}{'batch':>6}{'tokens/s':>11}{'GFLOP/s':>10}{'of limit':>10}", flush=True)
+    rows = [] if args.skip_training else training_rows(model, args.repeats, limits)
+    for row in rows:
+        print(f"{row[0]:<28}{row[1]:>6}{row[2]:>11.1f}{row[3]:>10.1f}{row[3] / row[4]:>10.1%}", flush=True)
+    decoded = decode_rows(model, tok, args.batches, args.new_tokens, args.repeats, args.skip_vllm, limits)
+    for name, b, tps, gflops, limit in decoded:
         print(f"{name:<28}{b:>6}{tps:>11.1f}{gflops:>10.1f}{gflops / limit:>10.1%}", flush=True)
     train = {r[0]: r[2] for r in rows if r[0].startswith("train")}
-    print(f"\ntraining, bf16 autocast / fp32: {train['train step bf16'] / train['train step fp32']:.2f}x")
+    if "train step bf16" in train and "train step fp32" in train:
+        print(f"\ntraining, bf16 autocast / fp32: {train['train step bf16'] / train['train step fp32']:.2f}x")
     print("\nweight sync of the whole model:")
     for name, s in sync_rows(model, args.skip_vllm):
         print(f"  {name:<26}{s:8.3f} s")

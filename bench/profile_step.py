@@ -21,6 +21,7 @@ choosing what to change, and checking that a change did what it was meant to.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -28,8 +29,10 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from floors import Floors, Work, body_tokens  # noqa: E402
 
 from lrl.cli import OneLineParser  # noqa: E402
 
@@ -77,8 +80,10 @@ class Timers:
         return out
 
 
-def instrument(timers: Timers) -> None:
-    """Timers around the pieces of a step (by class and module attribute, so every caller is timed)."""
+def instrument(timers: Timers, work: Work) -> None:
+    """Timers around the pieces of a step (by class and module attribute, so every caller is timed), and the work
+    of each counted (floors.Work)."""
+    import lrl.logprobs as logprobs_mod
     import lrl.module as module_mod
     import lrl.rollout as rollout_mod
     from lrl.decoding import Sampling
@@ -89,6 +94,8 @@ def instrument(timers: Timers) -> None:
     def feed_phase(self, chunks):
         return "decode" if isinstance(chunks, torch.Tensor) and chunks.shape[1] == 1 else "prefill"
 
+    count_feeds(KVBatch, work)
+    count_forwards(module_mod, logprobs_mod, work)
     timers.wrap(KVBatch, "feed", feed_phase)
     timers.wrap(rollout_mod, "sample_tokens", "draw")
     timers.wrap(Sampling, "log_probs", "draw")
@@ -102,6 +109,67 @@ def instrument(timers: Timers) -> None:
 
     timers.wrap(module_mod, "token_log_probs", forward_phase)
     timers.wrap(torch.optim.Adam, "step", "optimizer")
+
+
+def count_feeds(kvbatch, work: Work) -> None:
+    """Count each engine forward: a decode step's rows, a prefill's padded tokens (the head scores one a row)."""
+    original = kvbatch.feed
+
+    def feed(self, chunks):
+        if isinstance(chunks, torch.Tensor) and chunks.shape[1] == 1:
+            work.add("decode", len(chunks))
+        else:
+            width = chunks.shape[1] if isinstance(chunks, torch.Tensor) else max(len(c) for c in chunks)
+            work.add("prefill", len(chunks) * width, len(chunks))
+        return original(self, chunks)
+
+    kvbatch.feed = feed
+
+
+def count_forwards(module_mod, logprobs_mod, work: Work) -> None:
+    """Count the update's forwards (and so its backwards) and pi_old's: body tokens and head positions of each."""
+
+    def counted(original, grad_phase, plain_phase):
+        def call(model, ids, attention_mask, temperature=1.0, positions=None, *args, **kwargs):
+            prefix = kwargs.get("prefix")
+            head = int(positions.sum()) if positions is not None else ids.shape[0] * (ids.shape[1] - 1)
+            rows = body_tokens(ids, attention_mask, prefix if positions is not None else None)
+            if torch.is_grad_enabled():
+                work.add(grad_phase, rows, head)
+                work.add("backward", rows, head)
+            elif plain_phase:
+                work.add(plain_phase, rows, head)
+            return original(model, ids, attention_mask, temperature, positions, *args, **kwargs)
+
+        return call
+
+    module_mod.token_log_probs = counted(module_mod.token_log_probs, "forward", None)
+    logprobs_mod.token_log_probs = counted(logprobs_mod.token_log_probs, "forward", "old_logp")
+
+
+FLOOR_PHASES = ("prefill", "decode", "old_logp", "forward", "backward")
+
+
+def floor_table(rows, floors: Floors) -> None:
+    """Each trained step's phases beside their floors on this machine (floors.py): the matrix products alone."""
+    print("\nphases beside their floors (the model's matrix products alone at the phase's shapes, floors.py)")
+    print(f"machine: GEMM floors measured here; memory read {floors.bandwidth / 1e9:.1f} GB/s")
+    print(f"{'step':>4} {'phase':<9} {'seconds':>8} {'GFLOP':>8} {'floor s':>8} {'share':>6} {'GFLOP/s':>8}")
+    for i, _total, parts, skipped, work in rows:
+        if skipped:
+            continue
+        update = [0.0, 0.0, 0.0]
+        for phase in FLOOR_PHASES:
+            flops, floor = floors.phase(phase, work.get(phase, []))
+            seconds = parts[phase]
+            if phase in ("forward", "backward"):
+                update = [update[0] + seconds, update[1] + flops, update[2] + floor]
+            print(f"{i:>4} {phase:<9} {seconds:8.2f} {flops / 1e9:8.0f} {floor:8.2f} "
+                  f"{floor / seconds if seconds else 0:6.0%} {flops / seconds / 1e9 if seconds else 0:8.0f}")  # fmt: skip
+        seconds, flops, floor = update
+        if seconds:
+            print(f"{i:>4} {'update':<9} {seconds:8.2f} {flops / 1e9:8.0f} {floor:8.2f} {floor / seconds:6.0%} "
+                  f"{flops / seconds / 1e9:8.0f}")  # fmt: skip
 
 
 def split(raw: dict[str, float], step_seconds: float) -> dict[str, float]:
@@ -120,6 +188,10 @@ def main(argv=None) -> int:
     p.add_argument(
         "--eval-episodes", type=int, default=64, help="held-out episodes of the timed evaluation (0: none)"
     )
+    p.add_argument(
+        "--floors", action=argparse.BooleanOptionalAction, default=True,
+        help="time the model's matrix products alone at each phase's shapes and print each phase beside them",
+    )  # fmt: skip
     p.add_argument("train_args", nargs="*", help="train.py flags (after --)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.eval_episodes < 0:
@@ -152,18 +224,21 @@ def main(argv=None) -> int:
     except ConfigError as err:
         p.error(f"train.py flags: {err}")
     timers = Timers()
-    instrument(timers)
-    rows: list[tuple[int, float, dict, bool]] = []
+    work = Work()
+    instrument(timers, work)
+    rows: list[tuple[int, float, dict, bool, dict]] = []
 
     class PerStep(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             timers.take()
+            work.take()
             self.start = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             seconds = time.perf_counter() - self.start
             record = pl_module.history[-1]
-            rows.append((len(rows), seconds, split(timers.take(), seconds), bool(record["train/skipped"])))
+            skipped = bool(record["train/skipped"])
+            rows.append((len(rows), seconds, split(timers.take(), seconds), skipped, work.take()))
 
     run = build_run(cfg, callbacks=[PerStep()], logger=False)
     run.module.heldout_evaluation = lambda: {"pass_rate": float("nan")}  # fit's final evaluation: timed below
@@ -172,7 +247,7 @@ def main(argv=None) -> int:
     fit(run)
     header = f"{'step':>4} {'total':>7} " + " ".join(f"{p:>12}" for p in PHASES) + "  skipped"
     print("\nseconds per step and phase\n" + header)
-    for i, total, parts, skipped in rows:
+    for i, total, parts, skipped, _ in rows:
         cells = " ".join(f"{parts[p]:12.2f}" for p in PHASES)
         print(f"{i:>4} {total:7.2f} {cells}  {'yes' if skipped else ''}")
     trained = [r for r in rows if not r[3]]
@@ -181,6 +256,8 @@ def main(argv=None) -> int:
         total = statistics.median(r[1] for r in trained)
         print(f"{'med':>4} {total:7.2f} " + " ".join(f"{med[p]:12.2f}" for p in PHASES)
               + f"  ({len(trained)} steps that trained)")  # fmt: skip
+    if trained and args.floors:
+        floor_table(rows, Floors(run.policy))
     if args.eval_episodes:
         cfg.evaluation.eval_episodes = 1
         del run.module.heldout_evaluation  # the class's own method again

@@ -54,6 +54,7 @@ HELP_ONLY = {
     "lrl_lab.experiments.decide": "training runs over rows and paired seeds",
     "lrl_lab.tools.ship_bases": "rebuilds the shipped warm starts",
     "bench/profile_step.py": "training steps of the real model",
+    "bench/floors.py": "the real model's matrix products timed at large shapes",
     "bench/bench_vs_trl.py": "lrl and TRL training the real model",
     "bench/bench_recipe_speed.py": "two training runs of the real model",
     "bench/profile_decode.py": "samples from the real model",
