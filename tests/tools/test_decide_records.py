@@ -45,7 +45,9 @@ def test_a_run_of_other_shared_flags_is_refused_by_its_settings(tmp_path, capsys
     other = records.settings(parse_args(run_argv(["--env", "tinyagent", "--max-steps", "2"], "", 0, 1)))
     write(tmp_path / "results.jsonl", [record("a", 0, 0.5, shared_flags="--env tinyagent --max-steps 2",
                                               settings=other)])  # fmt: skip
-    code = main(["--rows", "a=", "--seeds", "1", "--threads", "1", "--samples", "0", "--out", str(tmp_path), *TINY])
+    code = main(
+        ["--rows", "a=", "--seeds", "1", "--threads", "1", "--samples", "0", "--out", str(tmp_path), *TINY]
+    )
     assert code == 2
     assert "seed 0 made otherwise: max_steps 2 (the row's: 1)" in capsys.readouterr().err
 
@@ -60,11 +62,48 @@ def test_runs_of_two_machines_in_one_file_pool_one_setting_and_name_the_rest(tmp
     assert "- row 'a': 3 run(s) left out" in out and "machine M2 (the row's: M1)" in out
 
 
+def test_runs_of_other_training_code_are_neither_pooled_in_a_row_nor_paired_across_rows(tmp_path, capsys):
+    base = [record("base", s, 0.2, code="c0de") for s in range(4)]
+    row = [record("b", s, 0.5, code="c0de") for s in range(3)] + [record("b", 3, 0.9, code="ed17")]
+    old = [record("b", s, 0.7, code="0ld0") for s in (0, 1)]  # the row's fewer runs of other code
+    path = write(tmp_path / "results.jsonl", base + row + old)
+    assert main(["--from-results", str(path), "--metric", "greedy", "--baseline", "base"]) == 0
+    out = capsys.readouterr().out
+    # row b pools its most numerous code (c0de's 3 seeds); the others are named
+    assert "| b | 3 | 0.500 ± 0.000 |" in out
+    assert "code ed17 (the row's: c0de)" in out and "code 0ld0 (the row's: c0de)" in out
+    # the difference from base pairs those three seeds, all of one code
+    assert "| b | 3 | 0.300 ± 0.000 |" in out
+    assert records.difference(record("b", 0, 0.1, code="ed17"), record("b", 0, 0.1, code="c0de")).startswith(
+        "code"
+    )
+
+
+def test_a_seed_whose_two_rows_ran_other_code_is_not_paired_and_said_so():
+    from lrl_lab.experiments.decide_tables import markdown
+
+    runs = [record("base", s, 0.2, code="c0de") for s in range(3)]
+    runs += [
+        record("b", 0, 0.5, code="c0de"),
+        record("b", 1, 0.5, code="c0de"),
+        record("b", 2, 0.9, code="ed17"),
+    ]
+    text = markdown(runs, ["base", "b"], "base", 0.1, "greedy")
+    assert "| b | 2 | 0.300 ± 0.000 |" in text  # seeds 0 and 1: seed 2's two runs are of other code
+    assert (
+        "- b - base: seed(s) 2 not paired: their runs were made by other training code (ed17 and c0de)"
+        in text
+    )
+
+
 def test_a_line_whose_row_flags_differ_from_the_rows_is_left_out_and_named(tmp_path, capsys):
     runs = [record("lag 8", s, 0.2, flags="--sampler lagged --lag 8") for s in range(3)]
     runs.append(record("lag 8", 3, 0.9, flags="--lag 2 --sampler lagged"))
     path = write(tmp_path / "results.jsonl", runs)
-    assert main(["--from-results", str(path), "--rows", "lag 8=--lag 8 --sampler lagged", "--metric", "greedy"]) == 0
+    assert (
+        main(["--from-results", str(path), "--rows", "lag 8=--lag 8 --sampler lagged", "--metric", "greedy"])
+        == 0
+    )
     out = capsys.readouterr().out  # the same options in another order are the same row
     assert "| lag 8 | 3 | 0.200" in out
     assert "seed 3 (row flags '--lag 2 --sampler lagged', not '--lag 8 --sampler lagged')" in out
@@ -87,7 +126,9 @@ def test_a_label_given_twice_is_refused(capsys):
     assert stop.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_a_damaged_or_cut_line_is_named_and_skipped_and_the_next_record_starts_a_line_of_its_own(tmp_path, capsys):
+def test_a_damaged_or_cut_line_is_named_and_skipped_and_the_next_record_starts_a_line_of_its_own(
+    tmp_path, capsys
+):
     path = tmp_path / "results.jsonl"
     good = [record("a", 0, 0.2), record("a", 1, 0.4)]
     path.write_text(json.dumps(good[0]) + "\n{not json\n" + json.dumps(good[1]) + "\n" + '{"row": "a", "se')
@@ -106,7 +147,9 @@ def test_a_damaged_or_cut_line_is_named_and_skipped_and_the_next_record_starts_a
 
 @pytest.mark.parametrize("make", ["a file", "under /proc", "in /proc"])
 def test_an_out_that_cannot_hold_the_results_is_one_line_before_any_run(tmp_path, capsys, make):
-    out = {"a file": tmp_path / "f", "under /proc": Path("/proc/lrl-no/such"), "in /proc": Path("/proc")}[make]
+    out = {"a file": tmp_path / "f", "under /proc": Path("/proc/lrl-no/such"), "in /proc": Path("/proc")}[
+        make
+    ]
     if make == "a file":
         out.write_text("mine")
     code = main(["--rows", "a=", "--seeds", "1", "--samples", "0", "--out", str(out), *TINY])
@@ -164,7 +207,9 @@ def test_a_signal_ends_the_runs_in_flight_at_once_and_keeps_the_finished_ones(tm
             "slow=--plugins long_step --callbacks long_step", "--seeds", "1", "--jobs", "2", "--threads", "1",
             "--samples", "0", "--out", str(tmp_path), "--", "--env", "tinyagent", "--max-steps", "2", "--tasks-per-step",
             "2", "--episodes-per-task", "4", "--eval-episodes", "1", "--eval-at-start", "false"]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     results = tmp_path / "results.jsonl"
     deadline = time.monotonic() + 240
     while not (step_file.exists() and results.exists() and results.read_text().endswith("\n")):
@@ -191,7 +236,9 @@ def test_a_signal_ends_the_runs_in_flight_at_once_and_keeps_the_finished_ones(tm
         ("a=--system-prompt 'unclosed", "its flags do not parse (No closing quotation)"),
     ],
 )
-def test_row_flags_decide_would_override_or_cannot_split_are_refused_before_any_run(tmp_path, capsys, row, says):
+def test_row_flags_decide_would_override_or_cannot_split_are_refused_before_any_run(
+    tmp_path, capsys, row, says
+):
     code = main(["--rows", row, "--seeds", "1", "--samples", "0", "--out", str(tmp_path / "out"), *TINY])
     err = capsys.readouterr().err
     assert code == 2 and f"decide: row 'a' ({row[2:]}): {says}" in err and "nothing was run" in err

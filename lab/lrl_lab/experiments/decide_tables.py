@@ -25,7 +25,9 @@ STEP_KEYS = {
     "over_cap": "mismatch/over_cap",
     "loss": "train/loss",
     "grad_norm": "train/grad_norm",
-    **{f"{k}_{s}": f"train/{k}_{s}" for k in ("clip", "push", "adv") for s in ("pos", "neg")},  # by the advantage's sign
+    **{
+        f"{k}_{s}": f"train/{k}_{s}" for k in ("clip", "push", "adv") for s in ("pos", "neg")
+    },  # by the advantage's sign
     "sample_s": "time/sample",
     "old_logp_s": "time/old_logp",
     "update_s": "time/update",
@@ -39,7 +41,9 @@ def step_figures(logged: dict) -> dict:
     on the steps that split the mismatch (``--mismatch-split-every``) its parts (``mismatch/part/*``)."""
     kept = {name: logged[key] for name, key in STEP_KEYS.items() if key in logged}
     kept |= {k.removeprefix("offpolicy/"): v for k, v in logged.items() if k.startswith("offpolicy/dropped_")}
-    return kept | {k: v for k, v in logged.items() if k.startswith("mismatch/part/")}  # the live split, where run
+    return kept | {
+        k: v for k, v in logged.items() if k.startswith("mismatch/part/")
+    }  # the live split, where run
 
 
 # the chapter's conclusions as (claim, row a, row b, the sign a - b has where the claim holds)
@@ -98,18 +102,73 @@ def exact_mcnemar(only_a: int, only_b: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def verdict(diff: tuple[float, float], sign: int) -> str:
-    """'holds' where the interval of a - b lies wholly on the claim's side of 0, 'does not hold' where it lies
-    wholly on the other, else 'not decided at this power'."""
-    mean, half = diff
-    if not math.isfinite(half):
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz), for x < (a+1)/(a+b+2)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    out = d
+    for m in range(1, 400):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            out *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return out
+
+
+def regularized_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, for x in [0, 1]."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def paired_p(xs: list[float]) -> float:
+    """Two-sided p of the paired t test that the mean of the differences `xs` is 0 (NaN under two of them)."""
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    mean, _, sd = interval(xs)
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    t = mean / (sd / math.sqrt(n))
+    df = n - 1
+    return regularized_beta(df / 2, 0.5, df / (df + t * t))
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family's p values: each comparison's adjusted p, which is at most alpha only
+    where Holm's procedure rejects it at family-wise error alpha (a NaN p stays NaN and counts in the family)."""
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: (math.isnan(ps[i]), ps[i]))
+    adjusted = [float("nan")] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        if math.isnan(ps[i]):
+            continue
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def holm_verdict(mean: float, adjusted: float, sign: int, alpha: float = 0.05) -> str:
+    """'holds' / 'does not hold' where Holm rejects no difference (adjusted p <= alpha), by the side the mean lies
+    on; else 'not decided at this power'."""
+    if not adjusted <= alpha:
         return "not decided at this power"
-    low, high = mean - half, mean + half
-    if (sign > 0 and low > 0) or (sign < 0 and high < 0):
-        return "holds"
-    if (sign > 0 and high < 0) or (sign < 0 and low > 0):
-        return "does not hold"
-    return "not decided at this power"
+    return "holds" if (mean > 0) == (sign > 0) else "does not hold"
 
 
 # -- tables -------------------------------------------------------------------------------------------------------
@@ -125,10 +184,32 @@ def in_order(rows: dict, order: list[str]) -> list[str]:
     return [r for r in order if r in rows] + [r for r in rows if r not in order]
 
 
+def same_code(x: dict, y: dict) -> bool:
+    """Two runs made by the same training code (records.code_fingerprint; a record without one is taken to agree)."""
+    return x.get("code") is None or y.get("code") is None or x["code"] == y["code"]
+
+
+def common_seeds(rows: dict, a: str, b: str) -> list[int]:
+    """The seeds both rows ran with the same training code: the pairs a difference may be taken over."""
+    both = sorted(set(rows.get(a, {})) & set(rows.get(b, {})))
+    return [s for s in both if same_code(rows[a][s], rows[b][s])]
+
+
+def unpaired_lines(rows: dict, pairs: list[tuple[str, str]]) -> list[str]:
+    """One line per pair of rows whose runs of a seed were made by other training code: those seeds are not paired."""
+    lines = []
+    for a, b in pairs:
+        both = sorted(set(rows.get(a, {})) & set(rows.get(b, {})))
+        apart = [s for s in both if not same_code(rows[a][s], rows[b][s])]
+        if apart:
+            lines.append(f"- {a} - {b}: seed(s) {', '.join(map(str, apart))} not paired: their runs were made by "
+                         f"other training code ({rows[a][apart[0]]['code']} and {rows[b][apart[0]]['code']})")  # fmt: skip
+    return lines
+
+
 def paired(rows: dict, a: str, b: str, metric: str) -> list[float]:
-    """a - b on every seed both rows have."""
-    common = sorted(set(rows.get(a, {})) & set(rows.get(b, {})))
-    return [rows[a][s][metric] - rows[b][s][metric] for s in common]
+    """a - b on every seed both rows ran with the same training code."""
+    return [rows[a][s][metric] - rows[b][s][metric] for s in common_seeds(rows, a, b)]
 
 
 def learned(run: dict, gain: float) -> bool:
@@ -137,8 +218,9 @@ def learned(run: dict, gain: float) -> bool:
 
 
 def learned_pairs(rows: dict, a: str, b: str, gain: float) -> str:
-    """Of the seeds both rows have: those where only a's run learned, only b's, and McNemar's exact p."""
-    both = [(learned(rows[a][s], gain), learned(rows[b][s], gain)) for s in set(rows[a]) & set(rows[b])]
+    """Of the seeds both rows ran with the same code: those where only a's run learned, only b's, and McNemar's
+    exact p."""
+    both = [(learned(rows[a][s], gain), learned(rows[b][s], gain)) for s in common_seeds(rows, a, b)]
     only_a, only_b = sum(x and not y for x, y in both), sum(y and not x for x, y in both)
     return f"{only_a}, {only_b} ({exact_mcnemar(only_a, only_b):.2f})"
 
@@ -159,7 +241,9 @@ def provenance_lines(results: list[dict]) -> list[str]:
         if machine is None:
             lines.append(f"- {len(runs)} run(s) without a record of their machine, arithmetic or commit")
             continue
-        commits = ", ".join(dict.fromkeys(r.get("commit", "unknown") for r in runs))
+        commits = ", ".join(dict.fromkeys(
+            r.get("commit", "unknown") + (f" (code {r['code']})" if r.get("code") else "") for r in runs
+        ))  # fmt: skip
         lines.append(f"- {len(runs)} run(s) on {machine}, {precision}, torch {torch_version}, at {commits}")
     if len(groups) > 1:
         lines.append("- **these runs come from more than one machine or arithmetic**: one seed computes other "
@@ -214,16 +298,32 @@ def markdown(
         need = seeds_needed(interval(diffs[primary])[2], effect)
         lines.append(f"| {label} | {len(diffs[primary])} | " + " | ".join(cells) + f" | {need:g} | "
                      f"{learned_pairs(rows, label, baseline, gain)} |")  # fmt: skip
+    apart = unpaired_lines(
+        rows, [(label, baseline) for label in order if label != baseline and baseline in rows]
+    )
+    if apart:
+        lines += [
+            "",
+            "Seeds left unpaired (a difference is taken only between runs of one training code):",
+            *apart,
+        ]
     claims = [(c, a, b, s) for c, a, b, s in CLAIMS if a in rows and b in rows]
     if claims:
-        lines += ["", f"The chapter's claims, on {METRICS[primary]} (a - b over paired seeds, 95% interval):", "",
-                  f"| claim | a - b | seeds | verdict | learned (+{gain:g}): only a, only b (p) |",
-                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
-        for claim, a, b, sign in claims:
-            pairs = paired(rows, a, b, primary)
+        lines += ["", f"The chapter's claims, on {METRICS[primary]}: a - b over paired seeds (mean ± the half-width of "
+                  f"its 95% t interval), the paired t test's p, and the verdict with the family's error held at 5% by "
+                  f"Holm's correction over the {len(claims)} claims of this table (the family); learned: seeds where "
+                  f"only a's run gained {gain:g} greedy, only b's, and McNemar's exact p:", "",
+                  "| claim | a - b | seeds | p | Holm p | verdict (Holm) | learned: only a, only b (p) |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        tested = [(claim, a, b, sign, paired(rows, a, b, primary)) for claim, a, b, sign in claims]
+        adjusted = holm([paired_p(pairs) for *_, pairs in tested])
+        for (claim, a, b, sign, pairs), adj in zip(tested, adjusted):
             diff = interval(pairs)
-            lines.append(f"| {claim} | {mean_pm(*diff[:2])} | {len(pairs)} | "
-                         f"{verdict(diff[:2], sign)} | {learned_pairs(rows, a, b, gain)} |")  # fmt: skip
+            lines.append(f"| {claim} | {mean_pm(*diff[:2])} | {len(pairs)} | {paired_p(pairs):.3f} | {adj:.3f} | "
+                         f"{holm_verdict(diff[0], adj, sign)} | {learned_pairs(rows, a, b, gain)} |")  # fmt: skip
+        apart = unpaired_lines(rows, [(a, b) for _, a, b, _ in claims])
+        if apart:
+            lines += ["", "Seeds left unpaired (other training code):", *apart]
     return "\n".join(lines + kinds_table(rows, order)) + "\n"
 
 
@@ -236,7 +336,9 @@ def kind_share(evaluation: dict, run: dict, kind: str) -> float:
 def kinds_table(rows: dict, order: list[str]) -> list[str]:
     """Per row, the share of each kind of held-out problem passed (greedy on calc) at the first and the last evaluation
     (mean and 95% interval over the runs that recorded which problems they passed); none where no run did."""
-    recorded = {label: [r for r in rows[label].values() if r.get("kinds") and r.get("evals")] for label in order}
+    recorded = {
+        label: [r for r in rows[label].values() if r.get("kinds") and r.get("evals")] for label in order
+    }
     sizes: dict[str, int] = {}
     for r in (r for runs in recorded.values() for r in runs):
         sizes.update({k: len(ids) for k, ids in r["kinds"].items()})
@@ -266,6 +368,7 @@ def with_through(step: dict) -> dict:
     (records from before them: none); and ``balance``, adv_neg / adv_pos, the negative advantages' weight the step
     carried against the positive ones' (near 1 where nothing drops episodes of one sign: a group's advantages sum
     to 0; a mask that drops negative episodes lowers it)."""
+
     def over(num, den):
         a, b = step.get(num), step.get(den)
         return a / b if a is not None and b else None
@@ -282,7 +385,9 @@ def stretches(run: dict) -> list[dict]:
     history, evals = run.get("history") or [], run.get("evals") or []
     out = []
     for a, b in zip(evals, evals[1:]):
-        steps = [with_through(h) for h in history if a["step"] <= h["step"] < b["step"] and not h.get("skipped")]
+        steps = [
+            with_through(h) for h in history if a["step"] <= h["step"] < b["step"] and not h.get("skipped")
+        ]
         if not steps:
             continue
         keys = ("mismatch", "grad_norm", "clip_pos", "clip_neg", "through_pos", "through_neg", "balance")
@@ -323,7 +428,11 @@ def stretches_table(rows: dict, label: str) -> list[str]:
     lines.append("")
     for name, keep in (("fell", lambda c: c < 0), ("stayed", lambda c: c == 0), ("rose", lambda c: c > 0)):
         picked = [p["mismatch"] for p in later if keep(round(p["change"], 9))]
-        span = f"{min(picked):.2f}-{max(picked):.2f}" if len(picked) > 1 else "".join(f"{m:.2f}" for m in picked)
+        span = (
+            f"{min(picked):.2f}-{max(picked):.2f}" if len(picked) > 1 else "".join(f"{m:.2f}" for m in picked)
+        )
         span = f", mismatch {span}" if span else ""
-        lines.append(f"- after the first stretch, the held-out rate {name} over {len(picked)} of {len(later)}{span}")
+        lines.append(
+            f"- after the first stretch, the held-out rate {name} over {len(picked)} of {len(later)}{span}"
+        )
     return lines

@@ -10,7 +10,7 @@ is told apart from one of its commit). Records written before decide kept all of
 
 Two records are of one setting when their settings agree (where both hold them; else their flags, compared as
 options rather than as text, so ``--lag 2 --sampler lagged`` is ``--sampler lagged --lag 2``) and so do their
-machine, arithmetic and torch. A row's table pools the runs of one setting: those of the run being made where there
+machine, arithmetic, torch and training code (where both recorded it). A row's table pools the runs of one setting: those of the run being made where there
 is one, else the most numerous (ties: the one run last); every run it leaves out is named with what differs.
 
 The file is appended to one whole line at a time (one write, flushed to disk); a line that does not read (cut short
@@ -30,7 +30,7 @@ OUTPUT_ONLY = frozenset(
     {"seed", "progress", "log_dir", "run_name", "checkpoint_every", "checkpoint_dir", "resume", "history_file",
      "overwrite"}
 )  # fmt: skip
-WHERE = ("machine", "precision", "torch")
+WHERE = ("machine", "precision", "torch", "code")
 
 
 # -- what makes a run ----------------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def flag_words(text: str | None) -> list[str]:
 
 def same_setting(a: dict, b: dict) -> bool:
     """Whether two records (or a record and the run about to be made) are of one setting (module docstring); a shared
-    flag, machine, arithmetic or torch that one of them did not record is taken to agree."""
+    flag, machine, arithmetic, torch or code fingerprint that one of them did not record is taken to agree."""
     if any(a.get(k) is not None and b.get(k) is not None and a[k] != b[k] for k in WHERE):
         return False
     if "settings" in a and "settings" in b:
