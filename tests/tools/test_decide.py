@@ -11,12 +11,15 @@ import torch
 from lrl_lab.experiments.decide import machine_name, parse_rows
 from lrl_lab.experiments.decide_tables import (
     exact_mcnemar,
+    holm,
+    holm_verdict,
     interval,
     markdown,
     paired,
+    paired_p,
     provenance_lines,
+    regularized_beta,
     seeds_needed,
-    verdict,
     wilson,
 )
 from lrl_lab.experiments.records import code_fingerprint
@@ -30,12 +33,27 @@ def test_the_interval_is_students_t_over_the_seeds():
     assert math.isnan(interval([0.5])[1])
 
 
-def test_verdicts_follow_the_interval_of_the_difference():
-    assert verdict((-0.2, 0.1), -1) == "holds"
-    assert verdict((-0.2, 0.3), -1) == "not decided at this power"
-    assert verdict((0.2, 0.1), -1) == "does not hold"
-    assert verdict((0.2, 0.1), +1) == "holds"
-    assert verdict((0.2, float("nan")), +1) == "not decided at this power"
+def test_the_paired_t_tests_p_is_students_two_sided_tail():
+    # the 97.5% points of Student's t: t(1) = 12.706, t(9) = 2.262, t(30) = 2.042 -> p = 0.05 each
+    for t, df in ((12.706, 1), (2.262, 9), (2.042, 30)):
+        assert regularized_beta(df / 2, 0.5, df / (df + t * t)) == pytest.approx(0.05, abs=2e-4)
+    assert paired_p([0.1, 0.1, 0.1]) < 1e-12 and paired_p([0.0, 0.0]) == 1.0 and math.isnan(paired_p([0.3]))
+    assert paired_p([0.2, -0.2, 0.1, -0.1]) == pytest.approx(1.0)
+    scipy = pytest.importorskip("scipy.stats")
+    xs = [0.12, -0.03, 0.25, 0.08, 0.31, -0.1, 0.05, 0.18]
+    assert paired_p(xs) == pytest.approx(scipy.ttest_1samp(xs, 0.0).pvalue, rel=1e-9)
+
+
+def test_holm_adjusts_a_family_step_down_and_verdicts_follow_it():
+    # p = 0.01, 0.04, 0.03 of three: 3 x 0.01 = 0.03; then 2 x 0.03 = 0.06; then max(0.06, 0.04) = 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5]) == [0.5] and holm([0.02, 0.9]) == pytest.approx([0.04, 0.9])
+    adjusted = holm([0.01, float("nan")])  # a comparison without a p still counts in the family
+    assert adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1])
+    assert holm_verdict(-0.2, 0.03, -1) == "holds"
+    assert holm_verdict(0.2, 0.03, -1) == "does not hold"
+    assert holm_verdict(-0.2, 0.06, -1) == "not decided at this power"
+    assert holm_verdict(0.2, float("nan"), +1) == "not decided at this power"
 
 
 def test_paired_differences_use_the_seeds_both_rows_have():
@@ -61,8 +79,17 @@ def test_the_share_that_learned_has_wilsons_interval_and_mcnemars_exact_p():
 def two_rows(a: str, b: str, values: list[tuple[float, float]]) -> list[dict]:
     """Runs of rows a and b, seed by seed, every measure of a run at its value (held-out greedy 0.1 at the start)."""
     return [
-        {"row": row, "seed": seed, "sampled": value, "greedy": value, "reward": value, "greedy_first": 0.1,
-         "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0}  # fmt: skip
+        {
+            "row": row,
+            "seed": seed,
+            "sampled": value,
+            "greedy": value,
+            "reward": value,
+            "greedy_first": 0.1,
+            "mismatch": 0.0,
+            "over_cap": 0.0,
+            "wall": 60.0,
+        }  # fmt: skip
         for seed, pair in enumerate(values)
         for row, value in zip((a, b), pair)
     ]
@@ -75,8 +102,9 @@ def test_the_table_counts_the_runs_that_learned_and_pairs_them():
     # seeds 1 and 2 learned on-policy only: in the paired differences and in the claim "FP8 costs"
     assert table.count("| 0, 2 (0.50) |") == 2
     claim = next(line for line in table.splitlines() if line.startswith("| FP8 costs"))
-    # a - b: 0, -0.5, -0.43, +0.1 by seed, mean -0.2075, sd 0.3015: t(3) 3.182 gives a half-width of 0.480
-    assert claim.endswith("± 0.480 | 4 | not decided at this power | 0, 2 (0.50) |"), claim
+    # a - b: 0, -0.5, -0.43, +0.1 by seed, mean -0.2075, sd 0.3015: t(3) 3.182 gives a half-width of 0.480; t =
+    # -1.376 on 3 degrees of freedom, two-sided p 0.262; the family is this one claim, so Holm's p is the same
+    assert claim.endswith("± 0.480 | 4 | 0.262 | 0.262 | not decided at this power | 0, 2 (0.50) |"), claim
 
 
 def test_the_table_reads_each_kind_of_problem_apart():
@@ -157,9 +185,13 @@ def test_a_runs_mismatch_is_the_mean_over_the_steps_that_measured_it():
     assert math.isnan(measured_mean([None, None], float("nan")))
     base = {"greedy_first": 0.1, "greedy": 0.2, "sampled": 0.2, "reward": 0.1, "wall": 60.0}
     steps = lambda m: [{"step": 0, "mismatch": m, "over_cap": 0.04}, {"step": 1}]  # noqa: E731
-    bypass = [{"row": "bypass", "seed": s, **base, "mismatch": m / 2, "over_cap": 0.02, "history": steps(m)}
-              for s, m in ((0, 0.2), (1, 0.4))]  # the means as an older record has them: the step without, as 0
-    plain = [{"row": "plain", "seed": s, **base, "mismatch": 0.5, "over_cap": 0.02} for s in (0, 1)]  # no step records
+    bypass = [
+        {"row": "bypass", "seed": s, **base, "mismatch": m / 2, "over_cap": 0.02, "history": steps(m)}
+        for s, m in ((0, 0.2), (1, 0.4))
+    ]  # the means as an older record has them: the step without, as 0
+    plain = [
+        {"row": "plain", "seed": s, **base, "mismatch": 0.5, "over_cap": 0.02} for s in (0, 1)
+    ]  # no step records
     table = markdown(plain + bypass, ["plain", "bypass"], "plain", 0.1, "greedy")
     cells = {}  # the first table's row of each label: its mismatch and over-cap cells
     for line in (line for line in table.splitlines() if line.startswith("| ")):
@@ -201,7 +233,9 @@ def test_jobs_whose_runs_together_exceed_the_memory_are_refused(monkeypatch, smo
     monkeypatch.setattr("lrl.budget.available_bytes", lambda: int(room))
     assert decide.check_rows(rows, flags, 0, 1, 1) == []
     (problem,) = decide.check_rows(rows, flags, 0, 2, 1)
-    assert problem.startswith("--jobs 2: the costliest runs side by side ('lag 8'") and problem.endswith("--jobs 1 fits")
+    assert problem.startswith("--jobs 2: the costliest runs side by side ('lag 8'") and problem.endswith(
+        "--jobs 1 fits"
+    )
     # two runs of one row are two runs: two lag-8 seeds side by side do not fit, two on-policy ones do
     lag = {"lag 8": rows["lag 8"]}
     assert len(decide.check_rows(lag, flags, 0, 2, 1, {"lag 8": 2})) == 1
@@ -213,7 +247,9 @@ def test_jobs_whose_runs_together_exceed_the_memory_are_refused(monkeypatch, smo
 def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_path, capsys):
     from lrl_lab.experiments.decide import main
 
-    out = tmp_path / "out"  # an lr this large makes the first gradient non-finite: refused by the update, mid-run
+    out = (
+        tmp_path / "out"
+    )  # an lr this large makes the first gradient non-finite: refused by the update, mid-run
     code = main(["--rows", "on-policy=", "huge=--lr 1e30", "--seeds", "1", "--samples", "0", "--out", str(out),
                  "--metric", "greedy", "--", "--env", "tinyagent", "--max-steps", "3"])  # fmt: skip
     said = capsys.readouterr()
@@ -221,7 +257,10 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     assert code == 1
     assert "huge seed 0 failed: non-finite gradient" in err  # in one line
     started = [line for line in said.out.splitlines() if line.startswith("started ")]
-    assert [line.rsplit(" at ", 1)[0] for line in started] == ["started on-policy seed 0", "started huge seed 0"]
+    assert [line.rsplit(" at ", 1)[0] for line in started] == [
+        "started on-policy seed 0",
+        "started huge seed 0",
+    ]
     assert "min left" in said.out  # after the first run of two: an estimate of the rest
     assert "1 of 2 runs failed" in err
     (line,) = (out / "results.jsonl").read_text().splitlines()  # the other run, finished and kept
@@ -238,10 +277,18 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     table = (out / "table.md").read_text()
     assert "on-policy" in table and f"| all ({len(held)}) |" in table
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the figure beside the table
-    assert (r["machine"], r["precision"]) == (machine_name("cpu"), "fp32")  # a 153k-parameter policy: fp32 anywhere
+    assert (r["machine"], r["precision"]) == (
+        machine_name("cpu"),
+        "fp32",
+    )  # a 153k-parameter policy: fp32 anywhere
     assert r["torch"] == torch.__version__ and r["commit"]
     # what made it, whole: the flags of every run, the configuration they resolved to, the training code
-    assert r["shared_flags"] == "--env tinyagent --max-steps 3" and r["argv"][:4] == ["--env", "tinyagent", "--max-steps", "3"]
+    assert r["shared_flags"] == "--env tinyagent --max-steps 3" and r["argv"][:4] == [
+        "--env",
+        "tinyagent",
+        "--max-steps",
+        "3",
+    ]
     assert (r["settings"]["env"], r["settings"]["max_steps"], r["settings"]["lr"]) == ("tinyagent", 3, 1e-3)
     assert "seed" not in r["settings"] and r["code"] == code_fingerprint() and len(r["code"]) == 16
     assert f"- 1 run(s) on {r['machine']}, fp32, torch {r['torch']}, at {r['commit']}" in table
@@ -252,7 +299,9 @@ def test_a_run_that_fails_is_named_and_the_others_run_and_keep_their_steps(tmp_p
     assert capsys.readouterr().out == body + "\n"
 
 
-def test_runs_of_another_machine_are_not_resumed_into_and_the_tables_say_where_runs_come_from(tmp_path, capsys):
+def test_runs_of_another_machine_are_not_resumed_into_and_the_tables_say_where_runs_come_from(
+    tmp_path, capsys
+):
     from lrl_lab.experiments.decide import main
 
     other = {"row": "on-policy", "flags": "", "seed": 0, "greedy_first": 0.1, "greedy": 0.5, "sampled": 0.4,
@@ -275,7 +324,9 @@ def test_runs_of_another_machine_are_not_resumed_into_and_the_tables_say_where_r
     assert not any("more than one" in line for line in provenance_lines([mine]))
 
 
-def test_stretches_between_evaluations_pair_the_held_out_change_with_the_mismatch_of_their_steps(tmp_path, capsys):
+def test_stretches_between_evaluations_pair_the_held_out_change_with_the_mismatch_of_their_steps(
+    tmp_path, capsys
+):
     from lrl_lab.experiments.decide import main
 
     def run(seed, rates, mismatches, grad_norms, skipped=()):
@@ -290,8 +341,17 @@ def test_stretches_between_evaluations_pair_the_held_out_change_with_the_mismatc
         # evaluations at steps 0, 2, 4: stretches of steps 0-1 and 2-3; step 3 skipped (it counts in no mean)
         run(0, [0.1, 0.5, 0.25], [0.2, 0.4, 0.6, 9.0], [1.0, 2.0, 3.0, 99.0], skipped={3}),
         run(1, [0.1, 0.2, 0.2], [0.1, 0.1, 0.3, 0.5], [1.0, 1.0, 2.0, 2.0]),
-        {"row": "lag 8", "seed": 2, "greedy_first": 0.1, "greedy": 0.3, "sampled": 0.0, "reward": 0.0,
-         "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0},  # fmt: skip
+        {
+            "row": "lag 8",
+            "seed": 2,
+            "greedy_first": 0.1,
+            "greedy": 0.3,
+            "sampled": 0.0,
+            "reward": 0.0,
+            "mismatch": 0.0,
+            "over_cap": 0.0,
+            "wall": 60.0,
+        },  # fmt: skip
     ]  # seed 2 kept no step records: no stretch of it is tabled
     path = tmp_path / "results.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in runs))
@@ -306,7 +366,9 @@ def test_stretches_between_evaluations_pair_the_held_out_change_with_the_mismatc
     with pytest.raises(SystemExit):
         main(["--from-results", str(path), "--stretches", "lag 4"])
     assert "--stretches: 'lag 4' not among the rows (lag 8)" in capsys.readouterr().err
-    assert "| 0 | 0-1 | +0.400 | 0.30 | 1.50 | - / - | - / - |" in out  # records from before the clip's figures
+    assert (
+        "| 0 | 0-1 | +0.400 | 0.30 | 1.50 | - / - | - / - |" in out
+    )  # records from before the clip's figures
 
 
 def test_stretches_show_the_clip_by_the_sign_of_the_advantage(tmp_path, capsys):
@@ -322,13 +384,25 @@ def test_stretches_show_the_clip_by_the_sign_of_the_advantage(tmp_path, capsys):
          "push_pos": 1.0, "push_neg": 1.0, "adv_pos": 1.0, "adv_neg": 2.0},
         {"step": 2, "skipped": 1.0, "mismatch": 0.3},  # skipped: no update, no clip figures
     ]  # fmt: skip
-    run = {"row": "FP8, bypass", "seed": 0, "greedy_first": 0.1, "greedy": 0.0, "sampled": 0.0, "reward": 0.0,
-           "mismatch": 0.3, "over_cap": 0.0, "wall": 60.0, "history": steps,
-           "evals": [{"step": 0, "pass_rate": 0.1, "solved": []}, {"step": 3, "pass_rate": 0.0, "solved": []}]}
+    run = {
+        "row": "FP8, bypass",
+        "seed": 0,
+        "greedy_first": 0.1,
+        "greedy": 0.0,
+        "sampled": 0.0,
+        "reward": 0.0,
+        "mismatch": 0.3,
+        "over_cap": 0.0,
+        "wall": 60.0,
+        "history": steps,
+        "evals": [{"step": 0, "pass_rate": 0.1, "solved": []}, {"step": 3, "pass_rate": 0.0, "solved": []}],
+    }
     path = tmp_path / "results.jsonl"
     path.write_text(json.dumps(run) + "\n")
     assert main(["--from-results", str(path), "--stretches", "FP8, bypass"]) == 0
-    assert "| 0 | 0-2 | -0.100 | 0.30 | 1.00 | 3.0% / 0.5% | 75.0% / 100.0% | 1.50 |" in capsys.readouterr().out
+    assert (
+        "| 0 | 0-2 | -0.100 | 0.30 | 1.00 | 3.0% / 0.5% | 75.0% / 100.0% | 1.50 |" in capsys.readouterr().out
+    )
 
 
 def three_rows() -> list[dict]:
@@ -380,7 +454,9 @@ def test_decide_writes_its_figure_from_a_results_file_and_refuses_a_format_it_ca
     path = tmp_path / "results.jsonl"
     path.write_text("".join(json.dumps({**r, "mismatch": 0.0, "over_cap": 0.0, "wall": 60.0}) + "\n"
                             for r in three_rows()))  # fmt: skip
-    assert main(["--from-results", str(path), "--metric", "greedy", "--plot", str(tmp_path / "rows.png")]) == 0
+    assert (
+        main(["--from-results", str(path), "--metric", "greedy", "--plot", str(tmp_path / "rows.png")]) == 0
+    )
     assert f"figure: {tmp_path / 'rows.png'}" in capsys.readouterr().out
     assert (tmp_path / "rows.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit) as stop:
@@ -394,11 +470,12 @@ def test_without_matplotlib_the_figure_is_one_line_and_the_tables_stand(tmp_path
 
     from lrl_lab.experiments.decide_plot import figure_line
 
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails as where it is not installed
+    monkeypatch.setitem(
+        sys.modules, "matplotlib", None
+    )  # import matplotlib fails as where it is not installed
     line = figure_line(three_rows(), ["a", "b", "c"], "a", "greedy", 0.1, tmp_path / "rows.png", "here")
     assert line.startswith("figure not drawn: matplotlib is not installed (pip install matplotlib)")
     assert not (tmp_path / "rows.png").exists()
-
 
 
 def test_the_step_records_keep_what_each_mask_dropped():
