@@ -65,15 +65,23 @@ def head_splits(model) -> bool:
     return ok
 
 
-def _chunk_scores(head, hidden, targets, temperature: float, want_entropy: bool):
-    """One chunk: hidden [n, H], targets [n] -> (log-probs [n], entropies [n] or an empty tensor), in fp32."""
-    logits = head(hidden).float() / temperature  # [n, V]
+def _chunk_scores(head, hidden, targets, temperature: float, want_entropy: bool, entropy_grad: bool = True):
+    """One chunk: hidden [n, H], targets [n] -> (log-probs [n], entropies [n] or an empty tensor), in fp32.
+
+    The temperature divides the hidden state before the head rather than the [n, V] logits after it (the same
+    logits to rounding: the head is linear, without bias), one pass over the logits fewer each way. Without
+    ``entropy_grad`` the entropies are a metric: computed without a graph, so the backward pass never sees them."""
+    if getattr(head, "bias", None) is None and temperature != 1.0:
+        logits = head(hidden / temperature).float()  # [n, V]
+    else:
+        logits = head(hidden).float() / temperature
     lse = torch.logsumexp(logits, dim=-1)  # [n]
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not want_entropy:
         return logp, logp.new_zeros(0)
-    probs = torch.softmax(logits, dim=-1)
-    entropy = lse - (probs * logits).sum(-1)
+    with torch.enable_grad() if entropy_grad else torch.no_grad():
+        probs = torch.softmax(logits, dim=-1)
+        entropy = lse - (probs * logits).sum(-1)
     return logp, entropy
 
 
@@ -87,9 +95,11 @@ def token_log_probs(
     chunk: int = CHUNK_TOKENS,
     checkpoint_head: bool = True,
     prefix: torch.Tensor | None = None,
+    entropy_grad: bool = True,
 ):
     """Trainer-style log-prob of every next token: ids [B, T] -> log-probs [B, T-1] (and entropies [B, T-1]
-    when ``entropy``), fp32, differentiable when gradients are enabled.
+    when ``entropy``), fp32, differentiable when gradients are enabled (the entropies only with ``entropy_grad``:
+    without it they are a metric, computed outside the graph).
 
     ``positions`` ([B, T-1] bool): only these positions need to be scored; the others may be 0 (they are
     when the head runs in chunks). ``checkpoint_head`` False: with gradients, the head's chunks keep their
@@ -107,7 +117,8 @@ def token_log_probs(
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         if not entropy:
             return logp
-        return logp, -(logp_all.exp() * logp_all).sum(-1)
+        with torch.enable_grad() if entropy_grad else torch.no_grad():
+            return logp, -(logp_all.exp() * logp_all).sum(-1)
     where = positions.bool() if positions is not None else torch.ones_like(targets, dtype=torch.bool)
     if prefix is not None and positions is not None:
         flat_hidden = _shared_prompt_hidden(model, ids, attention_mask, prefix, where)  # [N, H]
@@ -120,9 +131,9 @@ def token_log_probs(
     for start in range(0, len(flat_targets), chunk):
         h, t = flat_hidden[start : start + chunk], flat_targets[start : start + chunk]
         if grad and checkpoint_head:
-            lp, en = checkpoint(_chunk_scores, head, h, t, temperature, entropy, use_reentrant=False)
+            lp, en = checkpoint(_chunk_scores, head, h, t, temperature, entropy, entropy_grad, use_reentrant=False)
         else:
-            lp, en = _chunk_scores(head, h, t, temperature, entropy)
+            lp, en = _chunk_scores(head, h, t, temperature, entropy, entropy_grad)
         logps.append(lp)
         ents.append(en)
     out = flat_hidden.new_zeros(targets.shape, dtype=torch.float32)

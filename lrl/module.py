@@ -35,8 +35,8 @@ from lrl.update import (
     UpdateGuard,
     UpdatePlan,
     check_scored,
-    learning_rate,
     entropy_scale,
+    learning_rate,
     live_rows,
     microbatches,
     monitored_rows,
@@ -276,6 +276,7 @@ class OffPolicyModule(L.LightningModule):
                 entropy=True,
                 checkpoint_head=self.checkpoint_head(mask),
                 prefix=prompt_lengths(mask) if self.skip_rows else None,
+                entropy_grad=bool(self.cfg.update.entropy_coef),  # else the entropy is the metric alone
             )
         return self.objective.rows_loss(mb, rows, logp, ent, scored, Ranks.of(self), self.version)
 

@@ -144,6 +144,35 @@ def test_head_chunks_give_the_full_logits_log_probs_entropies_and_gradients(smol
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("limit", [1 << 40, 0])  # the full logits, and the head in checkpointed chunks
+def test_entropies_as_a_metric_are_the_same_numbers_outside_the_graph(smollm2_cut, monkeypatch, limit):
+    from transformers import AutoModelForCausalLM
+
+    import lrl.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "FULL_LOGITS_LIMIT", limit)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_cut, dtype=torch.float32)
+    ids = torch.randint(0, 49152, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    positions = torch.zeros(2, 8, dtype=torch.bool)
+    positions[:, 3:] = True
+    out = {}
+    for grad in (True, False):
+        model.zero_grad()
+        logp, ent = token_log_probs(
+            model, ids, mask, 0.7, positions, entropy=True, chunk=5, entropy_grad=grad
+        )
+        assert ent.requires_grad == grad
+        logp[positions].sum().backward()
+        out[grad] = (
+            logp[positions].detach(),
+            ent[positions].detach(),
+            model.model.layers[0].mlp.up_proj.weight.grad,
+        )
+    for a, b in zip(out[True], out[False]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.early
 def test_microbatches_accumulate_the_same_update_as_one_forward(smollm2_cut, coin):
     """Frozen runs (learning rate 0) of the same seed: the microbatched step's loss, statistics and gradient
