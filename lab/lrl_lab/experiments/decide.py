@@ -46,12 +46,20 @@ gradient norm of the same steps (from the step records), which shows whether a r
 The figure (``plot.png`` beside ``table.md``; ``--plot PATH`` with ``--from-results``) shows the same: each row's runs
 with their mean and interval, and each paired difference with its interval, in colour where it lies wholly on one
 side of 0.
+
+``--budget HOURS`` spends seeds where a verdict is still open: rounds of ``--round-seeds`` paired seeds (at most
+``--seeds`` a row), each run only for the rows of the comparisons not yet decided, a look after each, until every
+comparison is decided or the next round would pass the budget. Its verdicts hold their family-wise error at 5%
+however early it stops (a group-sequential design, Holm at 0.05 / K at each of K planned looks:
+``lrl_lab.experiments.sequential`` says why that design); each record keeps its round, and the tables end with how
+many seeds each verdict took, replayed from the records by ``--from-results``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import signal
@@ -63,7 +71,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from lrl.cli import OneLineParser
-from lrl_lab.experiments import records
+from lrl_lab.experiments import records, sequential
 from lrl_lab.experiments.decide_checks import (  # noqa: F401 - check_rows, parse_rows and run_argv: decide's too
     MAX_INT,
     PRESETS,
@@ -186,6 +194,9 @@ def tables(results: list[dict], rows: dict, baseline: str, args, left: list[str]
     """The markdown of the rows (where the runs come from and the runs left out first), and the stretches of each
     row asked for."""
     table = markdown(results, list(rows), baseline, args.effect, args.metric, args.learned)
+    comparisons, looks, rounds = sequential.replay(results, list(rows), baseline, args.metric)
+    if comparisons:  # a budgeted command's runs: its verdicts as its looks reached them, from the records
+        table += "\n" + "\n".join(sequential.summary(comparisons, looks, rounds)) + "\n"
     by_label = by_row(results)
     extra = [line for label in args.stretches for line in stretches_table(by_label, label)]
     head = provenance_lines(results) + (["Left out (not of the setting the row pools):", *left, ""] if left else [])
@@ -279,6 +290,12 @@ def parser() -> OneLineParser:
     )
     p.add_argument("--plot", metavar="PATH", help="also draw the rows, differences and intervals to PATH (.png, .svg, "
                    ".pdf; runs always draw plot.png beside table.md)")  # fmt: skip
+    p.add_argument(
+        "--budget", type=float, metavar="HOURS",
+        help="run paired seeds in rounds, each given to the comparisons still open, until every one is decided or "
+        "HOURS are spent (--seeds: the most seeds a row gets; lrl_lab.experiments.sequential says how it decides)",
+    )  # fmt: skip
+    p.add_argument("--round-seeds", type=int, default=2, help="with --budget: paired seeds a round (default 2)")
     p.add_argument("flags", nargs="*", help="train.py flags of every run, after -- (default: --env calc)")
     return p
 
@@ -330,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         print("decide: nothing was run: give the rows made now labels of their own, or their runs another --out",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.budget is not None:
+        return run_budget(args, rows, baseline, flags, threads, seeds, have, done, done_path, wanted, out)
     # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
     cells = [(label, rows[label], seed, flags, args.samples, threads) for seed in seeds for label in rows
              if (label, seed) not in have]  # fmt: skip
@@ -358,7 +377,53 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def run_cells(cells: list, jobs: int, done_path: Path, done: list[dict]) -> int | Stopped:
+def run_budget(args, rows, baseline, flags, threads, seeds, have, done, done_path, wanted, out) -> int:
+    """--budget: rounds of --round-seeds paired seeds, each for the rows of the comparisons still open, a look after
+    each (lrl_lab.experiments.sequential), until all are decided, the budget is spent or --seeds run out; every record
+    keeps its round and K; the tables end with the sequential verdicts and the seeds each took."""
+    from lrl_lab.experiments import sequential
+
+    budget_s, start = args.budget * 3600, time.time()
+    comparisons = sequential.family(list(rows), baseline)
+    seeds = list(seeds)
+    looks = sequential.planned_looks(len(seeds), args.round_seeds)
+    print(f"decide: at most {looks} round(s) of {args.round_seeds} paired seed(s) in {args.budget:g} h; each look "
+          f"tests the {len(comparisons)} comparisons at {sequential.ALPHA:g} / {looks} (Holm)")  # fmt: skip
+    walls = [r["wall"] for r in done if r["row"] in rows and "wall" in r]
+    k, failed, runs = 0, 0, 0
+    while (open_rows := sequential.open_rows(comparisons)) and k < looks:
+        chunk = seeds[k * args.round_seeds : (k + 1) * args.round_seeds]
+        cells = [(label, rows[label], seed, flags, args.samples, threads) for seed in chunk for label in open_rows
+                 if (label, seed) not in have]  # fmt: skip
+        cost = sequential.round_seconds(walls, len(cells), args.jobs)
+        if time.time() - start + (cost if math.isfinite(cost) else 0) > budget_s:
+            print(f"decide: round {k + 1} would pass the budget ({args.budget:g} h, about {cost / 60:.0f} min a "
+                  f"round); stopping after {k}")  # fmt: skip
+            break
+        k += 1
+        print(f"round {k} of at most {looks}: seeds {chunk[0]}-{chunk[-1]} of {', '.join(open_rows)} "
+              f"({len(cells)} runs)", flush=True)  # fmt: skip
+        before = len(done)
+        result = run_cells(cells, args.jobs, done_path, done, extra={"round": k, "looks": looks})
+        if isinstance(result, Stopped):
+            return result.exit_code
+        failed, runs = failed + result, runs + len(cells)
+        walls += [r["wall"] for r in done[before:] if "wall" in r]
+        have |= {(label, seed) for label, _, seed, *_ in cells}
+        pooled, _ = records.pool([r for r in done if r["row"] in rows], rows, wanted)
+        sequential.look(comparisons, by_row(pooled), args.metric, k, looks)
+    mine = [r for r in done if r["row"] in rows]
+    pooled, left = records.pool(mine, rows, wanted)
+    table = tables(pooled, rows, baseline, args, left)
+    again = tabling_command(done_path, args)
+    (out / "table.md").write_text(f"{flags_line(pooled)}\nTabled again by: {again}\n\n" + table)
+    print(table)
+    if failed:
+        print(f"decide: {failed} of {runs} runs failed (above); the table holds the others", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def run_cells(cells: list, jobs: int, done_path: Path, done: list[dict], extra: dict | None = None) -> int | Stopped:
     """Run the cells, keeping each finished run in `done_path` (and `done`) as it comes back -> the count of runs
     that failed, or :class:`Stopped` where a signal stopped the command (said in one line; the runs in flight ended,
     every finished one kept)."""
@@ -381,6 +446,7 @@ def run_cells(cells: list, jobs: int, done_path: Path, done: list[dict]) -> int 
                     failed += 1
                     print(f"[{i}/{len(cells)}] {label} seed {seed} failed: {err}", file=sys.stderr, flush=True)
                     continue
+                r.update(extra or {})
                 keep(done_path, r)
                 done.append(r)
                 elapsed = time.time() - start

@@ -181,6 +181,13 @@ def check_numbers(args) -> str | None:
         return "--out: an empty path; name the folder of the results"
     if not math.isfinite(args.learned):
         return f"--learned {args.learned:g}: a finite gain of held-out greedy"
+    budget = getattr(args, "budget", None)
+    if budget is not None and not (math.isfinite(budget) and 0 < budget <= 24 * 365):
+        return f"--budget {budget:g}: hours of runs, above 0 (at most a year)"
+    if getattr(args, "round_seeds", 1) < 1:
+        return f"--round-seeds {args.round_seeds}: at least 1 paired seed a round"
+    if budget is not None and getattr(args, "from_results", None):
+        return "--budget runs seeds; --from-results runs none: give one of them"
     return None
 
 
