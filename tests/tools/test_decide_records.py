@@ -196,7 +196,9 @@ def test_bad_input_to_the_harness_is_one_line_and_exit_2(tmp_path, capsys, argv,
 
 
 @pytest.mark.early
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)]
+)  # SIGTERM takes the same path as SIGINT (runner.stop_on_signals): 38 s on 2 cores, out of the default run
 def test_a_signal_ends_the_runs_in_flight_at_once_and_keeps_the_finished_ones(tmp_path, signum):
     """One run finishes while the other is inside a step of five minutes; the signal then ends the command in
     seconds, in one line, with the finished run kept and the other one to run again."""

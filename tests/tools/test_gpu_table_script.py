@@ -25,6 +25,7 @@ def gpu_table(out: Path, seconds: int | str, **changes: str) -> subprocess.Compl
                           timeout=600)  # fmt: skip
 
 
+@pytest.mark.slow  # 35 s on 2 cores: the GPU script's rows run on the CPU, out of the default run
 def test_the_gpu_table_runs_its_rows_on_the_cpu_stops_at_its_deadline_and_goes_on(tmp_path):
     out = tmp_path / "the table"  # a space in OUT: one word still
     stopped = gpu_table(out, 1)  # a second: the runs cannot finish

@@ -68,6 +68,7 @@ def test_a_round_is_priced_at_the_median_run():
     assert math.isnan(sequential.round_seconds([], 4, 2))
 
 
+@pytest.mark.slow  # four tiny training runs in processes of their own: 42 s on 2 cores, out of the default run
 def test_a_budgeted_command_runs_rounds_keeps_them_in_its_records_and_tables_them_again(tmp_path, capsys):
     import json
 

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import signal
@@ -348,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     if args.budget is not None:
-        return run_budget(args, rows, baseline, flags, threads, seeds, have, done, done_path, wanted, out)
+        from lrl_lab.experiments.decide_budget import run_budget
+
+        parts = (run_cells, tables, tabling_command, flags_line)
+        return run_budget(args, rows, baseline, flags, threads, seeds, have, done, done_path, wanted, out, parts)
     # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
     cells = [(label, rows[label], seed, flags, args.samples, threads) for seed in seeds for label in rows
              if (label, seed) not in have]  # fmt: skip
@@ -374,52 +376,6 @@ def main(argv: list[str] | None = None) -> int:
             print(figure_line(pooled, list(rows), baseline, args.metric, args.effect, path, str(out)))
     if failed:
         print(f"decide: {failed} of {len(cells)} runs failed (above); the table holds the others", file=sys.stderr)
-    return 1 if failed else 0
-
-
-def run_budget(args, rows, baseline, flags, threads, seeds, have, done, done_path, wanted, out) -> int:
-    """--budget: rounds of --round-seeds paired seeds, each for the rows of the comparisons still open, a look after
-    each (lrl_lab.experiments.sequential), until all are decided, the budget is spent or --seeds run out; every record
-    keeps its round and K; the tables end with the sequential verdicts and the seeds each took."""
-    from lrl_lab.experiments import sequential
-
-    budget_s, start = args.budget * 3600, time.time()
-    comparisons = sequential.family(list(rows), baseline)
-    seeds = list(seeds)
-    looks = sequential.planned_looks(len(seeds), args.round_seeds)
-    print(f"decide: at most {looks} round(s) of {args.round_seeds} paired seed(s) in {args.budget:g} h; each look "
-          f"tests the {len(comparisons)} comparisons at {sequential.ALPHA:g} / {looks} (Holm)")  # fmt: skip
-    walls = [r["wall"] for r in done if r["row"] in rows and "wall" in r]
-    k, failed, runs = 0, 0, 0
-    while (open_rows := sequential.open_rows(comparisons)) and k < looks:
-        chunk = seeds[k * args.round_seeds : (k + 1) * args.round_seeds]
-        cells = [(label, rows[label], seed, flags, args.samples, threads) for seed in chunk for label in open_rows
-                 if (label, seed) not in have]  # fmt: skip
-        cost = sequential.round_seconds(walls, len(cells), args.jobs)
-        if time.time() - start + (cost if math.isfinite(cost) else 0) > budget_s:
-            print(f"decide: round {k + 1} would pass the budget ({args.budget:g} h, about {cost / 60:.0f} min a "
-                  f"round); stopping after {k}")  # fmt: skip
-            break
-        k += 1
-        print(f"round {k} of at most {looks}: seeds {chunk[0]}-{chunk[-1]} of {', '.join(open_rows)} "
-              f"({len(cells)} runs)", flush=True)  # fmt: skip
-        before = len(done)
-        result = run_cells(cells, args.jobs, done_path, done, extra={"round": k, "looks": looks})
-        if isinstance(result, Stopped):
-            return result.exit_code
-        failed, runs = failed + result, runs + len(cells)
-        walls += [r["wall"] for r in done[before:] if "wall" in r]
-        have |= {(label, seed) for label, _, seed, *_ in cells}
-        pooled, _ = records.pool([r for r in done if r["row"] in rows], rows, wanted)
-        sequential.look(comparisons, by_row(pooled), args.metric, k, looks)
-    mine = [r for r in done if r["row"] in rows]
-    pooled, left = records.pool(mine, rows, wanted)
-    table = tables(pooled, rows, baseline, args, left)
-    again = tabling_command(done_path, args)
-    (out / "table.md").write_text(f"{flags_line(pooled)}\nTabled again by: {again}\n\n" + table)
-    print(table)
-    if failed:
-        print(f"decide: {failed} of {runs} runs failed (above); the table holds the others", file=sys.stderr)
     return 1 if failed else 0
 
 
