@@ -20,10 +20,10 @@ time is matrix products at the machine's own rate at its shapes, the rest being 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import defaultdict
 
 import torch
+from bench_real_model import best  # bench/ is on the path of every bench that runs this
 
 
 class Work:
@@ -50,16 +50,6 @@ def body_tokens(ids: torch.Tensor, attention_mask: torch.Tensor, prefix: torch.T
     return sum(map(len, prompts)) + rest
 
 
-def _best(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 class Floors:
     """The model's linear layers timed alone at a phase's shapes (memoised per row count)."""
 
@@ -78,7 +68,7 @@ class Floors:
     def _read_bandwidth(self) -> float:
         """Bytes a second this machine reads from memory (a sum over 512 MiB)."""
         big = torch.ones(2**27)
-        seconds = _best(lambda: big.sum(), self.repeats)
+        seconds = best(lambda: big.sum(), self.repeats)
         return big.numel() * 4 / seconds
 
     def _inputs(self, rows: int, head: int, grad: bool):
@@ -102,7 +92,7 @@ class Floors:
                     for m, x in zip(layers, xs):
                         m(x)
 
-            self._forward[key] = _best(run, self.repeats)
+            self._forward[key] = best(run, self.repeats)
         return self._forward[key]
 
     def backward(self, rows: int, head: int) -> float:
@@ -118,7 +108,7 @@ class Floors:
                 for o, g in zip(outs, grads):
                     o.backward(g, retain_graph=True)
 
-            self._backward[key] = _best(run, self.repeats)
+            self._backward[key] = best(run, self.repeats)
             for m in layers:
                 m.weight.grad = None
         return self._backward[key]

@@ -72,6 +72,7 @@ def step_metrics(
         old_logp, batch["sample_logp"], mon, weighting.cap, weighting.low, weighting.high
     )
     n_mon, n_mon_seq = float(mon.sum()), float(mon.bool().any(-1).sum())
+    n_acting = float(on.any(-1).sum())  # rows with an action token
     means: dict[str, tuple[float, float]] = {
         "train/reward": (masked_mean(batch["reward"], valid).item(), n_valid),
         **{f"train/{k}": (masked_mean(v, valid).item(), n_valid) for k, v in batch["env_metrics"].items()},
@@ -81,7 +82,7 @@ def step_metrics(
         "mismatch/abs_mean": (raw["abs_mean"], n_mon),
         "mismatch/over_cap": (raw["over_cap"], n_mon),
         # the share of the batch's rows (with an action token) the mismatch and off-policy metrics stand on
-        "mismatch/rows_share": (n_mon_seq / max(float(on.any(-1).sum()), 1.0), float(on.any(-1).sum())),
+        "mismatch/rows_share": (n_mon_seq / max(n_acting, 1.0), n_acting),
         "offpolicy/masked": (raw["masked"], n_mon),
         "offpolicy/seq_over_cap": (seq["seq_over_cap"], n_mon_seq),
         "offpolicy/seq_outside_band": (seq["seq_outside_band"], n_mon_seq),

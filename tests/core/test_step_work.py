@@ -67,6 +67,19 @@ def step_gradient(run, batch, monkeypatch):
     return seen[0], run.module.last_step
 
 
+def step_with_forwards(run, batch, monkeypatch):
+    """step_gradient, and the rows of every forward of the policy during the step."""
+    forwards = []
+    hook = run.policy.register_forward_hook(
+        lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        got, record = step_gradient(run, batch, monkeypatch)
+    finally:
+        hook.remove()
+    return got, record, forwards
+
+
 @pytest.mark.parametrize("correction", ["tis", "tis_whole_batch"])
 def test_the_step_gradient_equals_scoring_apart_and_every_row(format_policy, monkeypatch, correction):
     """tis fuses pi_old into the update's forward; tis_whole_batch (not per_row) scores apart: both leave the
@@ -78,12 +91,7 @@ def test_the_step_gradient_equals_scoring_apart_and_every_row(format_policy, mon
     assert run.module.fuses_old_logp() == (correction == "tis")
     batch = fixed_batch(run, zero_rows=[0, 3, 5, 6, 9])
     want, old, weights = reference_gradient(format_policy, batch, cfg)
-    forwards = []
-    hook = run.policy.register_forward_hook(
-        lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[0]), with_kwargs=True
-    )
-    got, record = step_gradient(run, batch, monkeypatch)
-    hook.remove()
+    got, record, forwards = step_with_forwards(run, batch, monkeypatch)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
@@ -106,12 +114,7 @@ def test_scoring_a_subset_of_the_rows_that_do_not_train_changes_no_gradient(form
     zero = [0, 1, 2, 3, 5, 6, 8, 9, 10, 12, 13, 14]
     batch = fixed_batch(run, zero_rows=zero)
     want, old, weights = reference_gradient(format_policy, batch, cfg)
-    forwards = []
-    hook = run.policy.register_forward_hook(
-        lambda m, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[0]), with_kwargs=True
-    )
-    got, record = step_gradient(run, batch, monkeypatch)
-    hook.remove()
+    got, record, forwards = step_with_forwards(run, batch, monkeypatch)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
     rows = len(batch["ids"])

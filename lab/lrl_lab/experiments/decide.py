@@ -240,6 +240,17 @@ def from_results(p: OneLineParser, args, rows: dict[str, str]) -> int:
     return 0
 
 
+def write_tables(args, rows, baseline, done, done_path: Path, wanted, out: Path) -> list[dict]:
+    """The tables of the rows asked for, as the command that tables them again names them: written to table.md under
+    that command, and printed -> the runs they pool."""
+    pooled, left = records.pool([r for r in done if r["row"] in rows], rows, wanted)
+    table = tables(pooled, rows, baseline, args, left)
+    again = tabling_command(done_path, args)
+    (out / "table.md").write_text(f"{flags_line(pooled)}\nTabled again by: {again}\n\n" + table)
+    print(table)
+    return pooled
+
+
 def tabling_command(results: Path, args) -> str:
     """The command that prints these tables again from the results file, with the table options of this command:
     its rows (their order and the default baseline), baseline, metric, effect, learned line and stretches."""
@@ -349,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget is not None:
         from lrl_lab.experiments.decide_budget import run_budget
 
-        parts = (run_cells, tables, tabling_command, flags_line)
+        parts = (run_cells, write_tables)
         return run_budget(args, rows, baseline, flags, threads, seeds, have, done, done_path, wanted, out, parts)
     # seed by seed: a stopped command leaves whole seeds, the pairs a difference needs
     cells = [(label, rows[label], seed, flags, args.samples, threads) for seed in seeds for label in rows
@@ -365,12 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = run_cells(cells, args.jobs, done_path, done)
     if isinstance(failed, Stopped):
         return failed.exit_code
-    mine = [r for r in done if r["row"] in rows]  # the rows asked for, as the command that tables again names them
-    pooled, left = records.pool(mine, rows, wanted)
-    table = tables(pooled, rows, baseline, args, left)
-    again = tabling_command(done_path, args)
-    (out / "table.md").write_text(f"{flags_line(pooled)}\nTabled again by: {again}\n\n" + table)
-    print(table)
+    pooled = write_tables(args, rows, baseline, done, done_path, wanted, out)
     if pooled:
         for path in dict.fromkeys([out / "plot.png", *([Path(args.plot)] if args.plot else [])]):
             print(figure_line(pooled, list(rows), baseline, args.metric, args.effect, path, str(out)))

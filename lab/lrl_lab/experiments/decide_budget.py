@@ -15,8 +15,8 @@ def run_budget(args, rows, baseline, flags, threads, seeds, have, done, done_pat
     """--budget: rounds of --round-seeds paired seeds, each for the rows of the comparisons still open, a look after
     each (lrl_lab.experiments.sequential), until all are decided, the budget is spent or --seeds run out; every record
     keeps its round and K; the tables end with the sequential verdicts and the seeds each took. `parts`: decide's
-    run_cells, tables, tabling_command and flags_line (handed over, so that this module does not import decide)."""
-    run_cells, tables, tabling_command, flags_line = parts
+    run_cells and write_tables (handed over, so that this module does not import decide)."""
+    run_cells, write_tables = parts
 
     budget_s, start = args.budget * 3600, time.time()
     comparisons = sequential.family(list(rows), baseline)
@@ -47,12 +47,7 @@ def run_budget(args, rows, baseline, flags, threads, seeds, have, done, done_pat
         have |= {(label, seed) for label, _, seed, *_ in cells}
         pooled, _ = records.pool([r for r in done if r["row"] in rows], rows, wanted)
         sequential.look(comparisons, by_row(pooled), args.metric, k, looks)
-    mine = [r for r in done if r["row"] in rows]
-    pooled, left = records.pool(mine, rows, wanted)
-    table = tables(pooled, rows, baseline, args, left)
-    again = tabling_command(done_path, args)
-    (out / "table.md").write_text(f"{flags_line(pooled)}\nTabled again by: {again}\n\n" + table)
-    print(table)
+    write_tables(args, rows, baseline, done, done_path, wanted, out)
     if failed:
         print(f"decide: {failed} of {runs} runs failed (above); the table holds the others", file=sys.stderr)
     return 1 if failed else 0

@@ -63,7 +63,7 @@ def round_seconds(walls: list[float], runs: int, jobs: int) -> float:
 def look(comparisons: list[Comparison], rows: dict, metric: str, k: int, looks: int) -> None:
     """One look: every open comparison tested on the seeds it has now, Holm over the family at alpha / K; the ones
     rejected are decided at this look (those decided earlier stay so)."""
-    ps = []
+    ps, means = [], []
     for c in comparisons:
         diffs = paired(rows, c.a, c.b, metric)
         p = paired_p(diffs) if not c.decided else 0.0  # a decided one stays rejected in the step-down order
@@ -71,11 +71,10 @@ def look(comparisons: list[Comparison], rows: dict, metric: str, k: int, looks: 
             c.seeds = len(diffs)
             c.history.append((len(diffs), p))
         ps.append(p)
-    adjusted = holm(ps)
-    for c, adj in zip(comparisons, adjusted):
+        means.append(interval(diffs)[0])
+    for c, adj, mean in zip(comparisons, holm(ps), means):
         if c.decided:
             continue
-        mean = interval(paired(rows, c.a, c.b, metric))[0]
         if adj <= ALPHA / looks:
             if c.sign:
                 c.decided = holm_verdict(mean, adj, c.sign, ALPHA / looks)
