@@ -147,6 +147,49 @@ def count_forwards(module_mod, logprobs_mod, work: Work) -> None:
     logprobs_mod.token_log_probs = counted(logprobs_mod.token_log_probs, "forward", "old_logp")
 
 
+class OperatorProfile:
+    """The update's forwards and backwards profiled by operator (torch.profiler), summed over the steps."""
+
+    def __init__(self):
+        self.profiles = []
+
+    def around(self, fn):
+        def call(*args, **kwargs):
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                out = fn(*args, **kwargs)
+            self.profiles.append(prof)
+            return out
+
+        return call
+
+    def table(self, top: int) -> str:
+        """The `top` operators by self time: seconds, share of the profiled time, calls, microseconds a call."""
+        seconds: dict[str, float] = defaultdict(float)
+        calls: dict[str, int] = defaultdict(int)
+        for prof in self.profiles:
+            for event in prof.key_averages():
+                seconds[event.key] += event.self_cpu_time_total / 1e6
+                calls[event.key] += event.count
+        total = sum(seconds.values()) or 1.0
+        lines = [f"{'operator':<60} {'seconds':>8} {'share':>6} {'calls':>7} {'us/call':>8}"]
+        for key in sorted(seconds, key=seconds.get, reverse=True)[:top]:
+            lines.append(f"{key[:60]:<60} {seconds[key]:8.2f} {seconds[key] / total:6.1%} {calls[key]:7d} "
+                         f"{1e6 * seconds[key] / max(calls[key], 1):8.0f}")  # fmt: skip
+        lines.append(f"{'all':<60} {total:8.2f}")
+        return "\n".join(lines)
+
+
+def profile_updates() -> OperatorProfile:
+    """Profile every minibatch update of the run (its forwards, loss and backwards) by operator."""
+    from lrl.module import OffPolicyModule
+
+    ops = OperatorProfile()
+    OffPolicyModule.minibatch_update = ops.around(OffPolicyModule.minibatch_update)
+    return ops
+
+
 FLOOR_PHASES = ("prefill", "decode", "old_logp", "forward", "backward")
 
 
@@ -192,11 +235,17 @@ def main(argv=None) -> int:
         "--floors", action=argparse.BooleanOptionalAction, default=True,
         help="time the model's matrix products alone at each phase's shapes and print each phase beside them",
     )  # fmt: skip
+    p.add_argument(
+        "--ops", type=int, default=0, metavar="N",
+        help="also profile the updates (forwards and backwards of the trained steps) by operator: the N operators "
+        "of most time (0: no operator profile)",
+    )  # fmt: skip
     p.add_argument("train_args", nargs="*", help="train.py flags (after --)")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.eval_episodes < 0:
+    if args.steps < 1 or args.eval_episodes < 0 or args.ops < 0:
         p.error(
-            f"--steps must be at least 1 (got {args.steps}), --eval-episodes at least 0 (got {args.eval_episodes})"
+            f"--steps must be at least 1 (got {args.steps}), --eval-episodes and --ops at least 0 (got "
+            f"{args.eval_episodes}, {args.ops})"
         )
 
     import lightning as L
@@ -226,6 +275,7 @@ def main(argv=None) -> int:
     timers = Timers()
     work = Work()
     instrument(timers, work)
+    ops = profile_updates() if args.ops else None
     rows: list[tuple[int, float, dict, bool, dict]] = []
 
     class PerStep(L.Callback):
@@ -258,6 +308,9 @@ def main(argv=None) -> int:
               + f"  ({len(trained)} steps that trained)")  # fmt: skip
     if trained and args.floors:
         floor_table(rows, Floors(run.policy))
+    if ops is not None:
+        print(f"\nthe updates' operators (forwards and backwards of {len(trained)} trained steps, self time)")
+        print(ops.table(args.ops))
     if args.eval_episodes:
         cfg.evaluation.eval_episodes = 1
         del run.module.heldout_evaluation  # the class's own method again
