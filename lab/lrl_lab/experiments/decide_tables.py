@@ -271,33 +271,38 @@ def markdown(
 ) -> str:
     rows = by_row(results)
     order = in_order(rows, order)
-    lines = ["| row | seeds | " + " | ".join(METRICS.values()) + " | greedy at start | mismatch | over cap | "
-             f"learned (+{gain:g} greedy) | wall (min) |",
-             "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [f"Each row: the runs that gained {gain:g} held-out greedy (learned; Wilson's 95% interval), first, since "
+             "runs on a real model often part into those that learn and those that do not; then each figure's mean "
+             "over the seeds ± the half-width of its 95% interval (Student's t); wall: the mean minutes a run (the "
+             "longest):", "",
+             f"| row | seeds | learned (+{gain:g} greedy) | " + " | ".join(METRICS.values()) + " | greedy at start | "
+             "mismatch | over cap | wall (min) |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- | --- | --- |"]  # fmt: skip
     for label in order:
         runs = list(rows[label].values())
         cells = [mean_pm(*interval([r[m] for r in runs])[:2]) for m in METRICS]
         extra = [mean_pm(*interval([r["greedy_first"] for r in runs])[:2])]
         extra += [mean_pm(*interval([run_figure(r, k) for r in runs])[:2]) for k in ("mismatch", "over_cap")]
         k = sum(learned(r, gain) for r in runs)
-        extra.append("{} of {} ({:.2f}-{:.2f})".format(k, len(runs), *wilson(k, len(runs))))
+        count = "{} of {} ({:.2f}-{:.2f})".format(k, len(runs), *wilson(k, len(runs)))
         wall = interval([r["wall"] / 60 for r in runs])
-        lines.append(f"| {label} | {len(runs)} | " + " | ".join(cells + extra) + f" | {wall[0]:.1f} (max "
+        lines.append(f"| {label} | {len(runs)} | {count} | " + " | ".join(cells + extra) + f" | {wall[0]:.1f} (max "
                      f"{max(r['wall'] for r in runs) / 60:.1f}) |")  # fmt: skip
-    lines += ["", f"Paired differences from **{baseline}** (row minus {baseline}, over the seeds both have; 95% "
-              f"intervals; seeds needed: for a difference of {effect:g} to be seen with 80% power at the spread "
-              f"measured; learned: seeds where only the row's run gained {gain:g}, where only {baseline}'s did, "
-              "and McNemar's exact p):", "", "| row | seeds | " + " | ".join(METRICS.values()) + " | seeds needed ("
-              + METRICS[primary] + ") | learned: only row, only baseline (p) |",
-              "| --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- | --- |"]  # fmt: skip
+    lines += ["", f"Paired differences from **{baseline}** (row minus {baseline}, over the seeds both have; learned, "
+              f"first: seeds where only the row's run gained {gain:g}, where only {baseline}'s did, and McNemar's "
+              "exact p; then each mean difference ± the half-width of its 95% interval (Student's t); seeds needed: "
+              f"for a difference of {effect:g} to be seen with 80% power at the spread measured):", "",
+              "| row | seeds | learned: only row, only baseline (p) | " + " | ".join(METRICS.values())
+              + " | seeds needed (" + METRICS[primary] + ") |",
+              "| --- | --- | --- | " + " | ".join("---" for _ in METRICS) + " | --- |"]  # fmt: skip
     for label in order:
         if label == baseline or baseline not in rows:
             continue
         diffs = {m: paired(rows, label, baseline, m) for m in METRICS}
         cells = [mean_pm(*interval(diffs[m])[:2]) for m in METRICS]
         need = seeds_needed(interval(diffs[primary])[2], effect)
-        lines.append(f"| {label} | {len(diffs[primary])} | " + " | ".join(cells) + f" | {need:g} | "
-                     f"{learned_pairs(rows, label, baseline, gain)} |")  # fmt: skip
+        lines.append(f"| {label} | {len(diffs[primary])} | {learned_pairs(rows, label, baseline, gain)} | "
+                     + " | ".join(cells) + f" | {need:g} |")  # fmt: skip
     apart = unpaired_lines(
         rows, [(label, baseline) for label in order if label != baseline and baseline in rows]
     )
@@ -309,18 +314,18 @@ def markdown(
         ]
     claims = [(c, a, b, s) for c, a, b, s in CLAIMS if a in rows and b in rows]
     if claims:
-        lines += ["", f"The chapter's claims, on {METRICS[primary]}: a - b over paired seeds (mean ± the half-width of "
-                  f"its 95% t interval), the paired t test's p, and the verdict with the family's error held at 5% by "
-                  f"Holm's correction over the {len(claims)} claims of this table (the family); learned: seeds where "
-                  f"only a's run gained {gain:g} greedy, only b's, and McNemar's exact p:", "",
-                  "| claim | a - b | seeds | p | Holm p | verdict (Holm) | learned: only a, only b (p) |",
+        lines += ["", f"The chapter's claims, on {METRICS[primary]}: learned, first: seeds where only a's run gained "
+                  f"{gain:g} greedy, only b's, and McNemar's exact p; then a - b over paired seeds (mean ± the "
+                  f"half-width of its 95% t interval), the paired t test's p, and the verdict with the family's error "
+                  f"held at 5% by Holm's correction over the {len(claims)} claims of this table (the family):", "",
+                  "| claim | learned: only a, only b (p) | a - b | seeds | p | Holm p | verdict (Holm) |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         tested = [(claim, a, b, sign, paired(rows, a, b, primary)) for claim, a, b, sign in claims]
         adjusted = holm([paired_p(pairs) for *_, pairs in tested])
         for (claim, a, b, sign, pairs), adj in zip(tested, adjusted):
             diff = interval(pairs)
-            lines.append(f"| {claim} | {mean_pm(*diff[:2])} | {len(pairs)} | {paired_p(pairs):.3f} | {adj:.3f} | "
-                         f"{holm_verdict(diff[0], adj, sign)} | {learned_pairs(rows, a, b, gain)} |")  # fmt: skip
+            lines.append(f"| {claim} | {learned_pairs(rows, a, b, gain)} | {mean_pm(*diff[:2])} | {len(pairs)} | "
+                         f"{paired_p(pairs):.3f} | {adj:.3f} | {holm_verdict(diff[0], adj, sign)} |")  # fmt: skip
         apart = unpaired_lines(rows, [(a, b) for _, a, b, _ in claims])
         if apart:
             lines += ["", "Seeds left unpaired (other training code):", *apart]
@@ -347,7 +352,8 @@ def kinds_table(rows: dict, order: list[str]) -> list[str]:
     kinds = sorted(sizes)
     fmt = lambda m, h: mean_pm(m, h, 2)  # noqa: E731
     lines = ["", "Held-out evaluation by kind of problem (greedy on calc): the share of each kind passed, first -> "
-             "last evaluation (the runs that recorded which problems they passed; the kind's problems in brackets):", "",
+             "last evaluation, mean ± the half-width of its 95% t interval (the runs that recorded which problems they "
+             "passed; the kind's problems in brackets):", "",
              "| row | runs | " + " | ".join(f"{k} ({sizes[k]})" for k in kinds) + " |",
              "| --- | --- | " + " | ".join("---" for _ in kinds) + " |"]  # fmt: skip
     for label, runs in recorded.items():
