@@ -14,9 +14,9 @@ is (invisible where the page is shown),
 
     <!-- figure calc-t07-epyc-avx2 1 differences "lag 4" "held-out, greedy" -->-0.170 ± 0.160<!-- /figure -->
 
-(the records folder, the block of its table.md counted from 1, the table - ``rows``, ``differences``, ``claims`` or
-``kinds`` - the row's first cell and the column's header; an optional sixth word, ``mean`` or ``half``, quotes the
-part before or after " ± "). The check reads every figure of README.md and docs/ against its cell as the block's
+(the records folder, the block of its table.md counted from 1, the table - ``rows``, ``differences``, ``claims``,
+``kinds`` or, for a budgeted command, ``sequential`` - the row's first cell and the column's header; an optional
+sixth word, ``mean`` or ``half``, quotes the part before or after " ± "). The check reads every figure of README.md and docs/ against its cell as the block's
 command prints it now, and ``--write`` writes them again with the tables.
 """
 
@@ -42,6 +42,7 @@ TABLES = {
     "differences": "| row | seeds | learned: only row",
     "claims": "| claim |",
     "kinds": "| row | runs |",
+    "sequential": "| comparison | seeds | look |",
 }
 PARTS = ("mean", "half")
 
