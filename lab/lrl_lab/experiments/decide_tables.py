@@ -339,7 +339,7 @@ def kind_share(evaluation: dict, run: dict, kind: str) -> float:
 
 
 def kinds_table(rows: dict, order: list[str]) -> list[str]:
-    """Per row, the share of each kind of held-out problem passed (greedy on calc) at the first and the last evaluation
+    """Per row, the share of each kind of held-out problem passed (greedy) at the first and the last evaluation
     (mean and 95% interval over the runs that recorded which problems they passed); none where no run did."""
     recorded = {
         label: [r for r in rows[label].values() if r.get("kinds") and r.get("evals")] for label in order
@@ -351,7 +351,7 @@ def kinds_table(rows: dict, order: list[str]) -> list[str]:
         return []
     kinds = sorted(sizes)
     fmt = lambda m, h: mean_pm(m, h, 2)  # noqa: E731
-    lines = ["", "Held-out evaluation by kind of problem (greedy on calc): the share of each kind passed, first -> "
+    lines = ["", "Held-out evaluation by kind of problem (greedy): the share of each kind passed, first -> "
              "last evaluation, mean ± the half-width of its 95% t interval (the runs that recorded which problems they "
              "passed; the kind's problems in brackets):", "",
              "| row | runs | " + " | ".join(f"{k} ({sizes[k]})" for k in kinds) + " |",
