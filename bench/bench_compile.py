@@ -68,6 +68,16 @@ def compile_regions(model, regions: str):
     return model
 
 
+def first_and_best(fn, repeats: int):
+    """(seconds of the first call, compile included; the best of `repeats` calls after it; what the first returned)."""
+    from bench_real_model import best
+
+    start = time.perf_counter()
+    out = fn()
+    first = time.perf_counter() - start
+    return first, best(fn, repeats, warm_up=False), out
+
+
 def update_mode(model, batch, regions: str, repeats: int):
     """(first call s, best later call s, the gradient) of one forward + backward of the update's log-probs."""
     from lrl.logprobs import token_log_probs
@@ -80,16 +90,9 @@ def update_mode(model, batch, regions: str, repeats: int):
         logp, _ = token_log_probs(net, ids, mask, 0.7, positions, entropy=True, prefix=prefix, entropy_grad=False)
         (-(logp * positions).sum() / positions.sum()).backward()
 
-    start = time.perf_counter()
-    step()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    first, best_s, _ = first_and_best(step, repeats)
     grad = torch.cat([p.grad.flatten() for p in net.parameters() if p.grad is not None])
-    return first, min(times), grad
+    return first, best_s, grad
 
 
 def decode_mode(model, prompts, new_tokens: int, regions: str, repeats: int, pad_id: int):
@@ -102,15 +105,7 @@ def decode_mode(model, prompts, new_tokens: int, regions: str, repeats: int, pad
         with torch.no_grad():
             return engine_generate(net, prompts, new_tokens, torch.Generator().manual_seed(0), pad_id)[0]
 
-    start = time.perf_counter()
-    tokens = run()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return first, min(times), tokens
+    return first_and_best(run, repeats)
 
 
 def main(argv=None) -> int:

@@ -54,8 +54,9 @@ def gemm(m: int, k: int, n: int, dtype, seconds: float = 1.5) -> float:
     return 2 * m * k * n * count / (time.perf_counter() - start) / 1e9
 
 
-def best(fn, repeats: int) -> float:
-    fn()  # warm-up
+def best(fn, repeats: int, warm_up: bool = True) -> float:
+    if warm_up:
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

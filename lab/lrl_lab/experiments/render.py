@@ -84,12 +84,22 @@ def render(command: str, root: Path = ROOT) -> str:
     return out.getvalue().rstrip() + "\n"
 
 
-def differences(folder: Path, root: Path = ROOT) -> list[str]:
+def printed_now(command: str, root: Path = ROOT, printed: dict | None = None) -> str:
+    """:func:`render` of `command`, once per `printed` (a memo by command: a check or a write renders each block's
+    command once, for its table and for every figure that quotes it)."""
+    if printed is None:
+        return render(command, root)
+    if command not in printed:
+        printed[command] = render(command, root)
+    return printed[command]
+
+
+def differences(folder: Path, root: Path = ROOT, printed: dict | None = None) -> list[str]:
     """Each block of `folder`/table.md whose text is not what its command prints now, as a short unified diff."""
     table = folder / "table.md"
     found = []
     for block in blocks(table.read_text()):
-        now = render(block.command, root)
+        now = printed_now(block.command, root, printed)
         if now != block.text:
             diff = difflib.unified_diff(block.text.splitlines(), now.splitlines(), "table.md", "rendered now", n=0,
                                         lineterm="")  # fmt: skip
@@ -118,10 +128,7 @@ def cell(spec: str, root: Path = ROOT, printed: dict | None = None) -> str:
     if table not in TABLES:
         raise FigureError(f"figure {spec!r}: the table is one of {', '.join(TABLES)}")
     command = found[int(block) - 1].command
-    printed = {} if printed is None else printed
-    if command not in printed:
-        printed[command] = render(command, root)
-    lines = printed[command].splitlines()
+    lines = printed_now(command, root, printed).splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith(TABLES[table])), None)
     if start is None:
         raise FigureError(f"figure {spec!r}: block {block} of {folder} prints no {table} table")
@@ -182,10 +189,10 @@ def write_figures(page: Path, root: Path = ROOT, printed: dict | None = None) ->
     return changed
 
 
-def write(folder: Path, root: Path = ROOT) -> None:
+def write(folder: Path, root: Path = ROOT, printed: dict | None = None) -> None:
     """Write `folder`/table.md again: every block's text as its command prints it now."""
     table = folder / "table.md"
-    parts = [f"{b.head}\n{COMMAND}{b.command}\n\n{render(b.command, root)}" for b in blocks(table.read_text())]
+    parts = [f"{b.head}\n{COMMAND}{b.command}\n\n{printed_now(b.command, root, printed)}" for b in blocks(table.read_text())]
     table.write_text("\n".join(parts))
 
 
@@ -202,7 +209,7 @@ def main(argv=None) -> int:
     printed: dict = {}
     if args.write:
         for folder in folders():
-            write(folder)
+            write(folder, ROOT, printed)
             print(f"wrote {folder.relative_to(ROOT) / 'table.md'}")
         for page in pages():
             try:
@@ -213,7 +220,7 @@ def main(argv=None) -> int:
             if changed:
                 print(f"wrote {changed} figure(s) of {page.relative_to(ROOT)}")
         return 0
-    found = [d for folder in folders() for d in differences(folder)]
+    found = [d for folder in folders() for d in differences(folder, ROOT, printed)]
     figures = [d for page in pages() for d in figure_differences(page, ROOT, printed)]
     for d in found + figures:
         print(d)
